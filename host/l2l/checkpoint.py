@@ -1,0 +1,466 @@
+"""Crash-safe training checkpoints: named numpy arrays plus JSON metadata.
+
+A run keeps its checkpoints under ``<run_dir>/checkpoints/``::
+
+    checkpoints/
+        LATEST                  text: name of the newest complete checkpoint
+        step-00000120/
+            tensors.safetensors arrays (safetensors: raw bytes, nothing executable)
+            meta.json           format version, step, size + SHA-256 of the
+                                tensor file, and the trainer's own metadata
+        step-00000123/
+        .tmp-...                a save in progress, or one that was killed
+
+Why it is safe to kill the process at any instant:
+
+* A checkpoint is written into a ``.tmp-*`` directory, every file is fsynced,
+  then the directory, and only then is it renamed to ``step-XXXXXXXX``. A
+  ``step-*`` directory therefore only ever appears complete.
+* ``LATEST`` is replaced atomically (temp file, fsync, ``os.replace``, fsync of
+  the directory) after the rename, so it always names a complete checkpoint.
+* Old checkpoints and stale ``.tmp-*`` entries are deleted only after
+  ``LATEST`` names the new one.
+* ``meta.json`` records the size and SHA-256 of the tensor file, so a torn or
+  bit-rotted file is reported instead of silently resuming from garbage.
+
+Decisions the layout leaves open:
+
+* Saving a step whose directory already exists (e.g. a run resumed from an
+  older checkpoint reaches the same step again) replaces it: the old
+  directory is first renamed to ``.tmp-replaced-<name>``, the new one takes
+  its name, then it is deleted with the other stale entries. If the process
+  dies between those two renames and ``LATEST`` names that step, loading
+  uses the ``.tmp-replaced-<name>`` copy, so the run is never left without a
+  good checkpoint.
+* If ``LATEST`` is missing (a crash after the first save's rename but before
+  ``LATEST`` was written, or someone deleted it), :func:`load_latest` falls
+  back to the newest ``step-*`` directory that verifies, with a warning. If
+  ``LATEST`` exists but names a missing or corrupt checkpoint, that is an
+  error: silently resuming from an older step would hide data loss.
+* Pruning keeps the new checkpoint and the ``keep - 1`` newest ones with a
+  lower step. Directories with a *higher* step (left by a run that was
+  resumed from an older checkpoint) are left alone; re-reaching that step
+  replaces them.
+
+One process saves into a run directory at a time; nothing here locks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from .errors import UserError
+
+__all__ = [
+    "Checkpoint",
+    "FORMAT_VERSION",
+    "atomic_write_bytes",
+    "fsync_dir",
+    "fsync_write_text",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_latest",
+    "save_checkpoint",
+    "step_dir_name",
+]
+
+FORMAT_NAME = "l2l-checkpoint"
+FORMAT_VERSION = 1
+_KNOWN_VERSIONS = frozenset({FORMAT_VERSION})
+
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "LATEST"
+TENSORS_FILE = "tensors.safetensors"
+META_FILE = "meta.json"
+TMP_PREFIX = ".tmp-"
+_REPLACED_PREFIX = TMP_PREFIX + "replaced-"
+
+_STEP_DIR_RE = re.compile(r"step-(\d{8,})")
+_HASH_CHUNK = 4 << 20
+
+# dtypes safetensors.numpy can both write and read back; anything else
+# (bfloat16, float128, object, ...) would fail on load, so refuse on save.
+_SUPPORTED_DTYPES = frozenset(
+    {
+        "float64", "float32", "float16",
+        "int64", "int32", "int16", "int8",
+        "uint64", "uint32", "uint16", "uint8",
+        "bool", "complex64",
+    }
+)
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint: its step, arrays, the trainer's meta, and where it lives."""
+
+    step: int
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    path: Path
+
+
+# --------------------------------------------------------------------------
+# Durable small-file helpers (also used by other modules, e.g. metrics).
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory so renames/creations inside it survive power loss."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or new file, never a torn one.
+
+    Writes a sibling temp file, fsyncs it, ``os.replace``s it over ``path``
+    and fsyncs the directory so the replacement itself is durable.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_write_text(path: str | os.PathLike, text: str) -> None:
+    """Atomically and durably replace ``path`` with UTF-8 ``text`` (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------
+# Save
+
+
+def step_dir_name(step: int) -> str:
+    """Directory name for ``step``; zero-padded so names sort like steps."""
+    return f"step-{step:08d}"
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    tensors: Mapping[str, np.ndarray],
+    meta: Mapping[str, Any],
+    keep: int = 2,
+    before_commit: Callable[[], None] | None = None,
+) -> Path:
+    """Durably save ``tensors`` and ``meta`` as the checkpoint for ``step``; return its directory.
+
+    ``meta`` must be JSON-serialisable; it round-trips with JSON's rules
+    (tuples come back as lists, dict keys as strings). When this returns,
+    ``LATEST`` names the new checkpoint and at most ``keep`` checkpoints with
+    step <= ``step`` remain. ``before_commit`` runs once the new files are
+    durable but not yet in place (fault-injection point for crash tests).
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    step = int(step)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    arrays = _checked_arrays(tensors)
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+    meta = dict(meta)
+    json.dumps(meta)  # fail on non-JSON meta before anything touches the disk
+
+    ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
+    if not ckpt_dir.is_dir():
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        fsync_dir(ckpt_dir.parent)
+
+    name = step_dir_name(step)
+    tmp = ckpt_dir / f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(tmp)
+    try:
+        tensor_path = tmp / TENSORS_FILE
+        save_file(arrays, tensor_path, metadata={"format": FORMAT_NAME, "step": str(step)})
+        del arrays
+        nbytes, digest = _hash(tensor_path, fsync=True)
+        doc = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "tensors": {
+                "file": TENSORS_FILE,
+                "bytes": nbytes,
+                "sha256": digest,
+                "count": len(tensors),
+            },
+            "meta": meta,
+        }
+        with open(tmp / META_FILE, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        if before_commit is not None:
+            before_commit()
+        final = _move_into_place(tmp, ckpt_dir, name)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+    fsync_write_text(ckpt_dir / LATEST_FILE, name + "\n")
+    _prune(ckpt_dir, step, keep)
+    return final
+
+
+def _checked_arrays(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Validate names/dtypes and make every array C-contiguous.
+
+    safetensors.numpy serialises from the raw data pointer, so a strided
+    view would be written as garbage; only such views get copied.
+    """
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a dict of numpy arrays, got {type(tensors).__name__}")
+    out: dict[str, np.ndarray] = {}
+    for key, value in tensors.items():
+        if not isinstance(key, str) or not key or key == "__metadata__":
+            raise ValueError(f"invalid tensor name {key!r}")
+        if not isinstance(value, (np.ndarray, np.generic)):
+            raise TypeError(f"tensor {key!r} is a {type(value).__name__}, not a numpy array")
+        arr = np.asarray(value, order="C")  # copies only strided views; keeps 0-d (ascontiguousarray would not)
+        if arr.dtype.name not in _SUPPORTED_DTYPES:
+            raise TypeError(f"tensor {key!r} has dtype {arr.dtype}, which checkpoints cannot store")
+        out[key] = arr
+    return out
+
+
+def _move_into_place(tmp: Path, ckpt_dir: Path, name: str) -> Path:
+    """Rename the finished temp dir to ``name``, moving an existing one aside first."""
+    final = ckpt_dir / name
+    if not os.path.lexists(final):
+        os.rename(tmp, final)
+        fsync_dir(ckpt_dir)
+        return final
+    # ``final`` only ever appears complete, so any older aside copy is redundant.
+    aside = ckpt_dir / f"{_REPLACED_PREFIX}{name}"
+    if os.path.lexists(aside):
+        _remove_quietly(aside)
+    os.rename(final, aside)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        try:
+            os.rename(aside, final)
+        except OSError:
+            pass  # load_latest still finds the aside copy
+        raise
+    fsync_dir(ckpt_dir)
+    return final
+
+
+def _prune(ckpt_dir: Path, step: int, keep: int) -> None:
+    """Delete checkpoints beyond ``keep`` and stale temp entries; failures only warn.
+
+    Runs after LATEST names the new checkpoint, so nothing deleted here can
+    be the only good one.
+    """
+    older = sorted((s for s, _ in _step_dirs(ckpt_dir) if s < step), reverse=True)
+    doomed = [ckpt_dir / step_dir_name(s) for s in older[keep - 1 :]]
+    doomed += [p for p in ckpt_dir.iterdir() if p.name.startswith(TMP_PREFIX)]
+    for p in doomed:
+        try:
+            _remove(p)
+        except OSError as e:
+            warnings.warn(f"could not delete old checkpoint entry {p}: {e}", RuntimeWarning, stacklevel=3)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    else:
+        p.unlink()
+
+
+def _remove_quietly(p: Path) -> None:
+    try:
+        _remove(p)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------
+# Load
+
+
+def _step_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ``step-*`` directory, unsorted; temp entries excluded."""
+    out = []
+    for p in ckpt_dir.iterdir():
+        m = _STEP_DIR_RE.fullmatch(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return out
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint directories of a run, oldest step first (not verified)."""
+    ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
+    if not ckpt_dir.is_dir():
+        return []
+    return [p for _, p in sorted(_step_dirs(ckpt_dir))]
+
+
+def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
+    """Load and verify the checkpoint ``LATEST`` names; None if the run has none.
+
+    Without ``LATEST``, falls back to the newest step directory that
+    verifies (with a warning). Raises UserError when ``LATEST`` names a
+    missing or corrupt checkpoint, or when no checkpoint verifies.
+    """
+    ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
+    if not ckpt_dir.is_dir():
+        return None
+    latest = ckpt_dir / LATEST_FILE
+    try:
+        raw = latest.read_bytes()
+    except FileNotFoundError:
+        return _load_newest_verifying(ckpt_dir)
+    except OSError as e:
+        raise UserError(f"cannot read {latest}: {e.strerror or e}") from None
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        name = None
+    if not name or not _STEP_DIR_RE.fullmatch(name):
+        raise UserError(f"{latest} is corrupt: it should name a step-XXXXXXXX directory, found {raw[:40]!r}")
+    target = ckpt_dir / name
+    if not target.exists():
+        aside = ckpt_dir / f"{_REPLACED_PREFIX}{name}"
+        if aside.is_dir():  # killed while replacing this very step; the old copy is intact
+            return load_checkpoint(aside)
+        raise UserError(f"{latest} names {target}, which does not exist")
+    return load_checkpoint(target)
+
+
+def _load_newest_verifying(ckpt_dir: Path) -> Checkpoint | None:
+    candidates = dict(_step_dirs(ckpt_dir))
+    for p in ckpt_dir.iterdir():  # copies orphaned by a kill while replacing a step
+        m = _STEP_DIR_RE.fullmatch(p.name[len(_REPLACED_PREFIX) :])
+        if p.name.startswith(_REPLACED_PREFIX) and m and p.is_dir():
+            candidates.setdefault(int(m.group(1)), p)
+    if not candidates:
+        return None
+    errors = []
+    for step in sorted(candidates, reverse=True):
+        try:
+            ckpt = load_checkpoint(candidates[step])
+        except UserError as e:
+            errors.append(str(e))
+            continue
+        why = "; skipped: " + "; ".join(errors) if errors else ""
+        warnings.warn(
+            f"{ckpt_dir / LATEST_FILE} is missing; resuming from {ckpt.path}{why}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return ckpt
+    raise UserError(f"no checkpoint in {ckpt_dir} verifies and LATEST is missing; newest: {errors[0]}")
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Load one checkpoint directory after checking its format, size and SHA-256.
+
+    Any problem raises UserError with a one-line message naming the path.
+    """
+    path = Path(path)
+    where = f"checkpoint {path}"
+    if not path.is_dir():
+        raise UserError(f"{where} does not exist" if not path.exists() else f"{where} is not a directory")
+
+    meta_path = path / META_FILE
+    try:
+        raw = meta_path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{where} is incomplete: {META_FILE} is missing") from None
+    except OSError as e:
+        raise UserError(f"{where} is unreadable: {META_FILE}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{where} is corrupt: {META_FILE} is not valid JSON ({_one_line(e)})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise UserError(f"{where} is corrupt: {META_FILE} is not an {FORMAT_NAME} file")
+    version = doc.get("version")
+    if type(version) is not int or version not in _KNOWN_VERSIONS:
+        known = ", ".join(map(str, sorted(_KNOWN_VERSIONS)))
+        raise UserError(f"{where} has format version {version!r}; this l2l reads version {known}")
+    step, info, user_meta = doc.get("step"), doc.get("tensors"), doc.get("meta")
+    if (
+        not isinstance(step, int) or isinstance(step, bool) or step < 0
+        or not isinstance(info, dict) or not isinstance(user_meta, dict)
+        or info.get("file") != TENSORS_FILE
+        or not isinstance(info.get("bytes"), int)
+        or not isinstance(info.get("sha256"), str)
+    ):
+        raise UserError(f"{where} is corrupt: {META_FILE} lacks step, meta or the tensor file's size/hash")
+    m = _STEP_DIR_RE.fullmatch(path.name) or _STEP_DIR_RE.fullmatch(path.name[len(_REPLACED_PREFIX) :])
+    if m and int(m.group(1)) != step:
+        raise UserError(f"{where} is corrupt: {META_FILE} says step {step}")
+
+    tensor_path = path / TENSORS_FILE
+    try:
+        size = tensor_path.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"{where} is incomplete: {TENSORS_FILE} is missing") from None
+    expected = info["bytes"]
+    if size < expected:
+        raise UserError(f"{where} is truncated: {TENSORS_FILE} has {size} bytes, expected {expected}")
+    if size > expected:
+        raise UserError(f"{where} is corrupt: {TENSORS_FILE} has {size} bytes, expected {expected}")
+    try:
+        _, digest = _hash(tensor_path)
+    except OSError as e:
+        raise UserError(f"{where} is unreadable: {TENSORS_FILE}: {e.strerror or e}") from None
+    if digest != info["sha256"]:
+        raise UserError(f"{where} is corrupt: {TENSORS_FILE} SHA-256 mismatch")
+    try:
+        tensors = load_file(tensor_path)
+    except Exception as e:  # safetensors raises its own error types
+        raise UserError(f"{where} is corrupt: {TENSORS_FILE} cannot be read ({_one_line(e)})") from None
+    return Checkpoint(step=step, tensors=dict(tensors), meta=user_meta, path=path)
+
+
+def _hash(path: Path, fsync: bool = False) -> tuple[int, str]:
+    """Stream a file once for its size and SHA-256, holding only a small buffer; optionally fsync it."""
+    h = hashlib.sha256()
+    size = 0
+    buf = bytearray(_HASH_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb") as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+        if fsync:
+            os.fsync(f.fileno())
+    return size, h.hexdigest()
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

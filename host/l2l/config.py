@@ -1,0 +1,115 @@
+"""Everything a training run is made of, validated in one place.
+
+A :class:`TrainConfig` is what the CLI parses and what a checkpoint records;
+:meth:`TrainConfig.check` turns impossible settings into one-line
+:class:`~l2l.errors.UserError` messages before anything is built or written.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .errors import UserError
+from .models import FAMILIES, ModelConfig
+
+ENGINES = ("l2l", "plain")
+DEVICES = ("auto", "cpu", "cuda")
+STASH = ("device", "host")
+
+# Settings that define the trajectory of a run: a resume must not change them.
+TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
+                   "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
+                   "adam_eps", "seed", "data", "schedule_steps")
+
+
+@dataclass
+class TrainConfig:
+    model: str = "gpt"
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    seq_len: int = 128
+    dropout: float = 0.0
+    batch_size: int = 32
+    micro_batches: int = 4
+    steps: int = 300
+    schedule_steps: int | None = None  # length of the cosine schedule; default: steps
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.99
+    adam_eps: float = 1e-8
+    device: str = "auto"
+    eps: str = "numpy"
+    engine: str = "l2l"
+    checkpointing: bool = False
+    stash: str = "device"
+    seed: int = 0
+    data: str | None = None
+    out: str | None = None
+    resume: bool = False
+    eval_every: int = 100
+    eval_batches: int = 4
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    progress: bool = True
+    plot: bool = True
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
+                           heads=self.heads, seq_len=self.seq_len, dropout=self.dropout)
+
+    @property
+    def total_schedule_steps(self) -> int:
+        return self.schedule_steps if self.schedule_steps is not None else self.steps
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def trajectory(self) -> dict:
+        d = self.to_dict()
+        d["schedule_steps"] = self.total_schedule_steps
+        return {k: d[k] for k in TRAJECTORY_KEYS}
+
+    def check(self) -> "TrainConfig":
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise UserError(msg)
+
+        need(self.model in FAMILIES, f"unknown model {self.model!r}; choose one of {', '.join(FAMILIES)}")
+        need(self.engine in ENGINES, f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")
+        need(self.layers >= 1, f"--layers must be at least 1 (got {self.layers})")
+        need(self.d_model >= 1 and self.heads >= 1, "--d-model and --heads must be positive")
+        need(self.d_model % self.heads == 0,
+             f"--d-model {self.d_model} is not a multiple of --heads {self.heads}")
+        need(self.seq_len >= 2, f"--seq-len must be at least 2 (got {self.seq_len})")
+        need(0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1) (got {self.dropout})")
+        need(self.batch_size >= 1, f"--batch-size must be positive (got {self.batch_size})")
+        need(self.micro_batches >= 1, f"--micro-batches must be positive (got {self.micro_batches})")
+        need(self.batch_size % self.micro_batches == 0,
+             f"--micro-batches {self.micro_batches} does not divide --batch-size {self.batch_size}")
+        need(self.steps >= 0, f"--steps must be >= 0 (got {self.steps})")
+        need(self.total_schedule_steps >= self.steps or self.schedule_steps is None,
+             "--schedule-steps must be at least --steps")
+        need(self.lr > 0, f"--lr must be positive (got {self.lr})")
+        need(0.0 <= self.min_lr_ratio <= 1.0, "--min-lr-ratio must be in [0, 1]")
+        need(self.warmup_steps >= 0, "--warmup-steps must be >= 0")
+        need(self.weight_decay >= 0 and self.lr * self.weight_decay < 1,
+             "--weight-decay must be >= 0 and lr * weight_decay < 1")
+        need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "--beta1/--beta2 must be in [0, 1)")
+        need(self.adam_eps > 0, "--adam-eps must be positive")
+        need(self.eval_every >= 0 and self.save_every >= 0, "--eval-every/--save-every must be >= 0")
+        need(self.eval_batches >= 1, "--eval-batches must be positive")
+        need(self.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1")
+        need(self.seed >= 0, "--seed must be >= 0")
+        need(not (self.checkpointing and self.engine == "l2l"),
+             "--checkpointing applies to --engine plain (the relay always recomputes)")
+        return self

@@ -1,0 +1,355 @@
+"""The data room: a byte-level corpus, a train/validation split, and batches.
+
+Tokens are raw bytes (0..255), so no tokenizer has to be shipped or agreed on;
+the masked-LM objective adds one extra token, :data:`MASK_TOKEN` (256), so a
+model trained with ``objective="mlm"`` needs ``BYTE_VOCAB + 1`` embeddings.
+
+Default corpus
+    The running interpreter's own standard library ``.py`` sources, so a
+    trainer works out of the box with no download. Walked in sorted order;
+    ``site-packages``/``dist-packages``, ``__pycache__``, hidden dirs, the
+    build-specific ``config-*`` dir and ``_sysconfigdata_*.py`` are skipped,
+    and so are test directories (``test``, ``tests``, ``idle_test``): several
+    distributions ship those as a separate package and they hold deliberately
+    odd bytes, so dropping them keeps "same Python version -> same corpus".
+    CPython 3.11 gives ~720 files / ~12 MB, read in well under a second, so
+    there is no on-disk cache.
+
+``--data PATH``
+    A text file, or a folder: every regular file below it in sorted order,
+    skipping hidden files and dirs and any file with a NUL byte in its first
+    8 KiB (our rule for "binary"). Symlinked dirs are not followed.
+
+Files are joined with one newline byte between them, and the joined stream
+is capped at ``max_bytes`` (the last file taken is cut to fit), taking files
+in sorted order so the cap is deterministic too.
+
+Split
+    By document: a file goes to validation when a hash of its relative path
+    says so (1 in :data:`VAL_EVERY`), so adding a file elsewhere never moves
+    other files between splits. A single file is split by bytes instead: the
+    last :data:`VAL_FRACTION` goes to validation.
+
+Batches
+    :class:`BatchSampler` makes the batch of step ``s`` from ``(seed, s)``
+    alone, so resuming from a checkpoint only needs ``{"seed", "next_step"}``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from l2l.errors import UserError
+from l2l.models.config import BYTE_VOCAB, MASK_TOKEN
+from l2l.models.stack import IGNORE_INDEX
+
+DEFAULT_MAX_BYTES = 32 * 2**20  # 32 MiB; the stdlib corpus fits well inside
+VAL_EVERY = 20                  # 1 in 20 documents go to validation
+VAL_FRACTION = 0.05             # single-document inputs: last 5% of bytes
+SEPARATOR = b"\n"               # joins documents
+BINARY_SNIFF_BYTES = 8192       # a NUL in this prefix marks a file binary
+OBJECTIVES = ("causal", "mlm")
+
+MLM_PICK = 0.15                 # BERT: share of positions predicted
+MLM_MASK = 0.8                  # ... of which replaced by MASK_TOKEN
+MLM_RANDOM = 0.1                # ... of which replaced by a random byte
+
+_STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__",
+                     "test", "tests", "idle_test"}
+
+# Tags that keep the training and validation random streams apart.
+_TRAIN_STREAM = 0x747261696E   # "train"
+_VAL_STREAM = 0x76616C         # "val"
+
+
+# --------------------------------------------------------------------------
+# Corpus
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Train and validation bytes (uint8 arrays) plus a one-line description."""
+
+    train: np.ndarray
+    val: np.ndarray
+    description: str
+    num_files: int
+
+
+def load_corpus(path: str | os.PathLike | None = None,
+                max_bytes: int = DEFAULT_MAX_BYTES) -> Corpus:
+    """Load ``path`` (a file or folder), or the stdlib sources when ``None``.
+
+    Raises :class:`UserError` (one line) for a missing, unreadable or empty
+    input, or one too small to split.
+    """
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+    if path is None:
+        root = sysconfig.get_paths()["stdlib"]
+        files = _stdlib_files(root)
+        source = f"python {sys.version.split()[0]} stdlib .py sources"
+        docs = _read_docs(root, files, max_bytes, skip_binary=True)
+        if not docs:
+            raise UserError(f"no Python sources found in the stdlib at {root}")
+    else:
+        p = os.fspath(path)
+        source = p
+        if not os.path.exists(p):
+            raise UserError(f"data path not found: {p}")
+        if os.path.isdir(p):
+            root = p
+            docs = _read_docs(root, _folder_files(root), max_bytes,
+                              skip_binary=True)
+            if not docs:
+                raise UserError(f"no non-empty text files in folder {p}")
+        elif os.path.isfile(p):
+            root = os.path.dirname(p) or "."
+            docs = _read_docs(root, [os.path.basename(p)], max_bytes,
+                              skip_binary=False)
+            if not docs:
+                raise UserError(f"data file is empty: {p}")
+        else:
+            raise UserError(f"data path is neither a file nor a folder: {p}")
+
+    train, val = _split(docs, source)
+    total = sum(len(d) for _, d in docs) + len(SEPARATOR) * (len(docs) - 1)
+    n = len(docs)
+    description = (f"{source}: {n} file{'s' if n != 1 else ''}, "
+                   f"{total:,} bytes (train {train.size:,}, val {val.size:,})")
+    return Corpus(train=train, val=val, description=description, num_files=n)
+
+
+def _stdlib_files(root: str) -> list[str]:
+    """Relative paths of the stdlib's ``.py`` files that every install shares."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d for d in dirnames
+            if d not in _STDLIB_SKIP_DIRS and not d.startswith(".")
+            and not d.startswith("config-"))
+        for name in sorted(filenames):
+            if name.endswith(".py") and not name.startswith("_sysconfigdata_"):
+                out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def _folder_files(root: str) -> list[str]:
+    """Relative paths of every non-hidden regular file below ``root``, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if not name.startswith(".") and os.path.isfile(full):
+                out.append(os.path.relpath(full, root))
+    return out
+
+
+def _read_docs(root: str, rel_paths: list[str], max_bytes: int,
+               skip_binary: bool) -> list[tuple[str, bytes]]:
+    """Read files in order until the joined stream reaches ``max_bytes``.
+
+    Empty files and (if ``skip_binary``) binary files are skipped; only as
+    much of each file is read as the budget still allows.
+    """
+    docs: list[tuple[str, bytes]] = []
+    budget = max_bytes
+    for rel in rel_paths:
+        sep = len(SEPARATOR) if docs else 0
+        if budget <= sep:
+            break
+        full = os.path.join(root, rel)
+        try:
+            with open(full, "rb") as f:
+                head = f.read(min(BINARY_SNIFF_BYTES, budget - sep))
+                if skip_binary and b"\0" in head:
+                    continue
+                data = head + f.read(max(budget - sep - len(head), 0))
+        except OSError as e:
+            raise UserError(f"cannot read {full}: {e.strerror or e}") from None
+        if not data:
+            continue
+        docs.append((rel.replace(os.sep, "/"), data))
+        budget -= sep + len(data)
+    return docs
+
+
+def _is_val(rel_path: str) -> bool:
+    """Stable per-document split: depends only on the path's own bytes."""
+    return _path_hash(rel_path) % VAL_EVERY == 0
+
+
+def _path_hash(rel_path: str) -> int:
+    digest = hashlib.sha256(rel_path.encode("utf-8", "surrogateescape"))
+    return int.from_bytes(digest.digest()[:8], "big")
+
+
+def _split(docs: list[tuple[str, bytes]], source: str
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Split documents into (train, val) byte arrays; both end up non-empty."""
+    if len(docs) == 1:
+        data = docs[0][1]
+        if len(data) < 2:
+            raise UserError(f"{source} has {len(data)} byte; too small to "
+                            "split into train and validation")
+        n_val = max(1, int(len(data) * VAL_FRACTION))
+        arr = np.frombuffer(data, dtype=np.uint8)
+        return arr[:-n_val].copy(), arr[-n_val:].copy()
+
+    val_mask = [_is_val(rel) for rel, _ in docs]
+    # Small folders may hash every file to one side; move the file whose hash
+    # is most extreme so the fix-up is still deterministic.
+    if not any(val_mask):
+        val_mask[min(range(len(docs)), key=lambda i: _path_hash(docs[i][0]))] = True
+    if all(val_mask):
+        val_mask[max(range(len(docs)), key=lambda i: _path_hash(docs[i][0]))] = False
+    train = SEPARATOR.join(d for (_, d), v in zip(docs, val_mask) if not v)
+    val = SEPARATOR.join(d for (_, d), v in zip(docs, val_mask) if v)
+    return (np.frombuffer(train, dtype=np.uint8).copy(),
+            np.frombuffer(val, dtype=np.uint8).copy())
+
+
+# --------------------------------------------------------------------------
+# Batches
+
+
+@dataclass
+class Batch:
+    """Token ids and their targets; ``IGNORE_INDEX`` marks positions without loss."""
+
+    inputs: torch.Tensor   # LongTensor[B, T]
+    targets: torch.Tensor  # LongTensor[B, T]
+
+    @property
+    def num_targets(self) -> int:
+        """Positions that carry loss: the divisor of a summed token loss."""
+        return int((self.targets != IGNORE_INDEX).sum().item())
+
+    @property
+    def batch_size(self) -> int:
+        return self.inputs.shape[0]
+
+    def split(self, m: int) -> list["Batch"]:
+        """``m`` equal micro-batches along the batch dim, in order."""
+        b = self.inputs.shape[0]
+        if m < 1 or b % m:
+            raise ValueError(f"batch size {b} is not divisible into {m} micro-batches")
+        return [Batch(i, t) for i, t in zip(self.inputs.chunk(m), self.targets.chunk(m))]
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        return Batch(self.inputs.to(device, non_blocking=non_blocking),
+                     self.targets.to(device, non_blocking=non_blocking))
+
+
+class BatchSampler:
+    """Random windows of a byte array, batch ``s`` a pure function of ``(seed, s)``.
+
+    Pure per-step batches make resuming exact (only ``next_step`` has to be
+    saved) and let any step be replayed for debugging.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int,
+                 objective: str = "causal", seed: int = 0, *, name: str = "data"):
+        if objective not in OBJECTIVES:
+            raise UserError(f"unknown objective {objective!r}; "
+                            f"choose one of {', '.join(OBJECTIVES)}")
+        if seq_len < 1 or batch_size < 1:
+            raise UserError(f"seq_len and batch_size must be positive, "
+                            f"got {seq_len} and {batch_size}")
+        if seed < 0:
+            raise UserError(f"seed must be non-negative, got {seed}")
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or tokens.dtype != np.uint8:
+            raise TypeError(f"tokens must be a 1-D uint8 array, got "
+                            f"{tokens.dtype} with shape {tokens.shape}")
+        self.tokens = tokens
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.objective = objective
+        self.seed = int(seed)
+        self.next_step = 0
+        # causal needs one extra byte for the shifted targets
+        self.window = self.seq_len + (1 if objective == "causal" else 0)
+        if tokens.size < self.window:
+            raise UserError(
+                f"{name} split has {tokens.size} bytes but one {objective} "
+                f"sequence of seq_len {seq_len} needs {self.window}; "
+                "use a shorter seq_len or more data")
+        self._offsets = np.arange(self.window)
+
+    # -- training stream ---------------------------------------------------
+
+    def batch(self, step: int) -> Batch:
+        """The training batch of ``step``; same answer every call."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        return self._make(np.random.default_rng([_TRAIN_STREAM, self.seed, int(step)]))
+
+    def next(self) -> Batch:
+        """The batch of ``next_step``, then advance it."""
+        b = self.batch(self.next_step)
+        self.next_step += 1
+        return b
+
+    __next__ = next
+
+    def __iter__(self):
+        return self
+
+    def state_dict(self) -> dict:
+        """JSON-able data position for a checkpoint."""
+        return {"seed": self.seed, "next_step": self.next_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self.next_step = int(state["next_step"])
+
+    # -- evaluation --------------------------------------------------------
+
+    def fixed_batches(self, n_batches: int) -> list[Batch]:
+        """The same ``n_batches`` batches on every call, apart from training steps."""
+        return [self._make(np.random.default_rng([_VAL_STREAM, self.seed, i]))
+                for i in range(n_batches)]
+
+    # -- internals -----------------------------------------------------------
+
+    def _make(self, rng: np.random.Generator) -> Batch:
+        starts = rng.integers(0, self.tokens.size - self.window + 1,
+                              size=self.batch_size)
+        windows = self.tokens[starts[:, None] + self._offsets].astype(np.int64)
+        if self.objective == "causal":
+            inputs, targets = windows[:, :-1], windows[:, 1:]
+        else:
+            inputs, targets = _mask(windows, rng)
+        return Batch(torch.from_numpy(np.ascontiguousarray(inputs)),
+                     torch.from_numpy(np.ascontiguousarray(targets)))
+
+
+def _mask(windows: np.ndarray, rng: np.random.Generator
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """BERT-style corruption: pick 15% (>= 1 per row), 80/10/10 mask/random/keep.
+
+    Exactly ``max(1, round(0.15 * T))`` positions per row keeps the number of
+    targets per batch constant, so loss scales don't jitter between steps.
+    """
+    b, t = windows.shape
+    k = max(1, int(round(MLM_PICK * t)))
+    picked_cols = np.argsort(rng.random((b, t)), axis=1)[:, :k]
+    picked = np.zeros((b, t), dtype=bool)
+    np.put_along_axis(picked, picked_cols, True, axis=1)
+
+    targets = np.where(picked, windows, IGNORE_INDEX)
+    inputs = windows.copy()
+    u = rng.random((b, t))
+    to_mask = picked & (u < MLM_MASK)
+    to_random = picked & (u >= MLM_MASK) & (u < MLM_MASK + MLM_RANDOM)
+    inputs[to_mask] = MASK_TOKEN
+    inputs[to_random] = rng.integers(0, BYTE_VOCAB, size=int(to_random.sum()))
+    return inputs, targets

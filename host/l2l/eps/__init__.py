@@ -1,0 +1,27 @@
+"""The eager param-server (EPS) and its backends, chosen by name."""
+from __future__ import annotations
+
+from ..errors import UserError
+from .backend import EpsBackend
+from .contract import AdamWHyper, StepScalars
+from .numpy_backend import NumpyBackend
+from .server import EagerParamServer
+
+BACKENDS: dict[str, type[EpsBackend]] = {
+    NumpyBackend.name: NumpyBackend,
+}
+
+
+def make_backend(name: str, **options) -> EpsBackend:
+    try:
+        cls = BACKENDS[name]
+    except KeyError:
+        raise UserError(f"unknown EPS backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
+    ok, why = cls.availability()
+    if not ok:
+        raise UserError(f"EPS backend {name!r} is not usable here: {why}")
+    return cls(**options)
+
+
+__all__ = ["AdamWHyper", "BACKENDS", "EagerParamServer", "EpsBackend", "NumpyBackend",
+           "StepScalars", "make_backend"]

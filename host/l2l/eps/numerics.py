@@ -1,0 +1,96 @@
+"""The golden model: the EPS contract written plainly in NumPy binary32.
+
+Every line is one binary32 operation rounded to nearest-even, in the
+contract's order; NumPy never fuses ``a * b + c`` and keeps subnormals. Work
+is done in cache-sized chunks with preallocated scratch so that the golden
+model is also a usable CPU EPS. Other backends are tested bit for bit
+against these functions.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+from .contract import StepScalars
+
+CHUNK = 1 << 15  # elements per pass; 7 live fp32 arrays stay inside L2
+
+COPY_DTYPES = {
+    "fp32": np.dtype(np.float32),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "fp16": np.dtype(np.float16),
+}
+GRAD_DTYPES = COPY_DTYPES
+
+
+def reduce_gradients(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray) -> bool:
+    """``out = (g_0 + g_1 + ... + g_{K-1}) * inv_scale``, left fold; True when all finite."""
+    if not grads:
+        raise ValueError("at least one gradient contribution")
+    n = out.shape[0]
+    for g in grads:
+        if g.shape != (n,):
+            raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
+    for lo in range(0, n, CHUNK):
+        hi = min(lo + CHUNK, n)
+        acc = out[lo:hi]
+        acc[...] = grads[0][lo:hi]  # widening to binary32 is exact
+        for g in grads[1:]:
+            np.add(acc, g[lo:hi], out=acc, dtype=np.float32, casting="unsafe")
+        np.multiply(acc, inv_scale, out=acc)
+    return bool(np.isfinite(out).all())
+
+
+class _Scratch:
+    """Per-thread scratch for one chunk, so an update allocates nothing per call."""
+
+    def __init__(self) -> None:
+        self.a = np.empty(CHUNK, np.float32)
+        self.b = np.empty(CHUNK, np.float32)
+
+
+def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
+                 s: StepScalars, copy_out: np.ndarray | None = None,
+                 scratch: _Scratch | None = None) -> None:
+    """AdamW in place on ``p, m, v`` from the reduced gradient ``g``; then the device copy.
+
+    The device copy (fp32, bf16 or fp16, per ``copy_out.dtype``) is written
+    chunk by chunk while ``p'`` is still in cache: one pass over memory.
+    """
+    scratch = scratch or _Scratch()
+    n = p.shape[0]
+    for lo in range(0, n, CHUNK):
+        hi = min(lo + CHUNK, n)
+        k = hi - lo
+        pc, mc, vc, gc = p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi]
+        a, b = scratch.a[:k], scratch.b[:k]
+        np.multiply(pc, s.decay, out=pc)          # p1 = p * decay
+        np.multiply(s.b1, mc, out=mc)             # b1 * m
+        np.multiply(s.omb1, gc, out=a)            # omb1 * g
+        np.add(mc, a, out=mc)                     # m' = (b1*m) + (omb1*g)
+        np.multiply(gc, gc, out=a)                # g * g
+        np.multiply(s.omb2, a, out=a)             # omb2 * (g*g)
+        np.multiply(s.b2, vc, out=vc)             # b2 * v
+        np.add(vc, a, out=vc)                     # v' = (b2*v) + (omb2*(g*g))
+        np.sqrt(vc, out=b)                        # sqrt(v')
+        np.multiply(b, s.inv_bc2_sqrt, out=b)     # sqrt(v') * inv_bc2_sqrt
+        np.add(b, s.eps, out=b)                   # d = (...) + eps
+        np.divide(mc, b, out=a)                   # m' / d
+        np.multiply(s.neg_step, a, out=a)         # neg_step * (m'/d)
+        np.add(pc, a, out=pc)                     # p' = p1 + (...)
+        if copy_out is not None:
+            device_copy(pc, copy_out[lo:hi])
+
+
+def device_copy(p: np.ndarray, out: np.ndarray) -> None:
+    """Round ``p`` into ``out``'s dtype (identity, bfloat16 or binary16), nearest-even."""
+    if out.dtype in (COPY_DTYPES["fp32"], COPY_DTYPES["bf16"], COPY_DTYPES["fp16"]):
+        np.copyto(out, p, casting="unsafe")  # ml_dtypes and NumPy both round to nearest-even
+    else:
+        raise ValueError(f"unsupported device-copy dtype {out.dtype}")
+
+
+def make_scratch() -> _Scratch:
+    return _Scratch()

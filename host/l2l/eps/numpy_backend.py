@@ -1,0 +1,59 @@
+"""The NumPy EPS: state in host DRAM, arithmetic by :mod:`l2l.eps.numerics` (the golden model)."""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from . import numerics
+from .backend import EpsBackend
+from .contract import StepScalars
+
+
+class NumpyBackend(EpsBackend):
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self._p: dict[int, np.ndarray] = {}
+        self._m: dict[int, np.ndarray] = {}
+        self._v: dict[int, np.ndarray] = {}
+        self._local = threading.local()  # per-thread scratch: no allocation per update
+
+    def _scratch(self):
+        if not hasattr(self._local, "scratch"):
+            self._local.scratch = numerics.make_scratch()
+        return self._local.scratch
+
+    def _reduced(self, n: int) -> np.ndarray:
+        """A reduced-gradient buffer of ``n`` elements, shared by all layers of this thread."""
+        buf = getattr(self._local, "reduced", None)
+        if buf is None or buf.shape[0] < n:
+            buf = self._local.reduced = np.empty(n, np.float32)
+        return buf[:n]
+
+    def allocate(self, layer: int, p: np.ndarray) -> None:
+        self._p[layer] = np.array(p, dtype=np.float32, copy=True)
+        self._m[layer] = np.zeros_like(self._p[layer])
+        self._v[layer] = np.zeros_like(self._p[layer])
+
+    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
+             copy_out: np.ndarray) -> bool:
+        g = self._reduced(self._p[layer].shape[0])
+        if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
+            return False
+        numerics.adamw_update(self._p[layer], self._m[layer], self._v[layer], g, scalars,
+                              copy_out=copy_out, scratch=self._scratch())
+        return True
+
+    def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
+        numerics.device_copy(self._p[layer], copy_out)
+
+    def read_state(self, layer: int):
+        return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
+
+    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        for store, src in ((self._p, p), (self._m, m), (self._v, v)):
+            if src.shape != store[layer].shape:
+                raise ValueError(f"layer {layer}: state of shape {src.shape}, expected {store[layer].shape}")
+            store[layer][...] = src

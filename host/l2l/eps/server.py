@@ -1,0 +1,199 @@
+"""The eager param-server: bookkeeping around a backend, and the eagerness itself.
+
+The relay pushes a layer's gradient contributions; when all ``contributors``
+of a layer are in, its update is queued on a background worker and the relay
+goes on with the next layer at once. ``fetch(layer)`` waits for that layer's
+pending update only. A failed update is re-raised in the caller's thread at
+the next ``fetch``/``push_gradient``/``poll`` -- the relay polls at every layer,
+so an error surfaces within one layer of compute, never as a hang.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import EpsWorkerError
+from .backend import EpsBackend
+from .contract import AdamWHyper, StepScalars
+from .numerics import COPY_DTYPES, GRAD_DTYPES
+
+HostAlloc = Callable[[int, np.dtype], np.ndarray]
+
+
+def numpy_alloc(n: int, dtype: np.dtype) -> np.ndarray:
+    return np.empty(n, dtype=dtype)
+
+
+@dataclass
+class UpdateRecord:
+    layer: int
+    step: int  # the layer's step count after the update (unchanged when skipped)
+    finite: bool
+
+
+class EagerParamServer:
+    def __init__(self, backend: EpsBackend, hyper: AdamWHyper, *, copy_dtype: str = "fp32",
+                 grad_dtype: str = "fp32", contributors: int = 1,
+                 host_alloc: HostAlloc = numpy_alloc) -> None:
+        if contributors < 1:
+            raise ValueError("contributors must be >= 1")
+        self.backend = backend
+        self.hyper = hyper  # read at push time: a schedule may change lr between steps
+        self.copy_dtype = COPY_DTYPES[copy_dtype]
+        self.grad_dtype = GRAD_DTYPES[grad_dtype]
+        self.contributors = contributors
+        self._alloc = host_alloc
+        self._numel: dict[int, int] = {}
+        self._steps: dict[int, int] = {}
+        self._copies: dict[int, np.ndarray] = {}
+        self._inboxes: dict[tuple[int, int], np.ndarray] = {}
+        self._arrived: dict[int, dict[int, Callable[[], None] | None]] = {}
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-update")
+        self.wait_seconds = 0.0    # time callers spent blocked on pending updates
+        self.update_seconds = 0.0  # time the worker spent updating
+        self.history: list[UpdateRecord] = []
+
+    # ----------------------------------------------------------- layers
+    def add_layer(self, layer: int, p: np.ndarray) -> None:
+        if layer in self._numel:
+            raise ValueError(f"layer {layer} already added")
+        p = np.ascontiguousarray(p, dtype=np.float32).reshape(-1)
+        self._numel[layer] = p.shape[0]
+        self._steps[layer] = 0
+        self.backend.allocate(layer, p)
+        self._copies[layer] = self._alloc(p.shape[0], self.copy_dtype)
+        self.backend.write_copy(layer, self._copies[layer])
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self._numel)
+
+    def numel(self, layer: int) -> int:
+        return self._numel[layer]
+
+    def step_count(self, layer: int) -> int:
+        return self._steps[layer]
+
+    # ----------------------------------------------------------- traffic
+    def fetch(self, layer: int) -> np.ndarray:
+        """The layer's device copy, once its pending update (if any) is done."""
+        self._wait(layer)
+        return self._copies[layer]
+
+    def gradient_inbox(self, layer: int, contributor: int = 0) -> np.ndarray:
+        """Host buffer where ``contributor`` writes the layer's gradient (reused every step)."""
+        key = (layer, contributor)
+        if key not in self._inboxes:
+            self._inboxes[key] = self._alloc(self._numel[layer], self.grad_dtype)
+        return self._inboxes[key]
+
+    def push_gradient(self, layer: int, contributor: int = 0, *, divisor: float,
+                      loss_scale: float = 1.0, ready: Callable[[], None] | None = None) -> None:
+        """Declare ``gradient_inbox(layer, contributor)`` filled (or filled once ``ready()`` returns).
+
+        ``divisor`` turns the summed gradient into the loss's mean (the
+        contract's ``inv_scale = 1 / (loss_scale * divisor)``); every
+        contributor of a step must pass the same one.
+        """
+        self.poll()
+        if not 0 <= contributor < self.contributors:
+            raise ValueError(f"contributor {contributor} out of range")
+        with self._lock:
+            arrived = self._arrived.setdefault(layer, {})
+            if contributor in arrived:
+                raise RuntimeError(f"layer {layer}: contributor {contributor} pushed twice in one step")
+            arrived[contributor] = ready
+            if len(arrived) < self.contributors:
+                return
+            del self._arrived[layer]
+            previous = self._pending.get(layer)
+            self._pending[layer] = self._worker.submit(
+                self._update, layer, previous, [arrived[k] for k in sorted(arrived)],
+                self.hyper, float(divisor), float(loss_scale))
+
+    def poll(self) -> None:
+        """Raise the first worker error, if any."""
+        if self._error is not None:
+            raise EpsWorkerError(f"EPS update failed: {self._error!r}") from self._error
+
+    def synchronize(self) -> None:
+        for layer in list(self._pending):
+            self._wait(layer)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        self.backend.close()
+
+    # ----------------------------------------------------------- worker
+    def _update(self, layer: int, previous: Future | None, ready: list, hyper: AdamWHyper,
+                divisor: float, loss_scale: float) -> UpdateRecord:
+        try:
+            if previous is not None:
+                previous.result()
+            for wait in ready:
+                if wait is not None:
+                    wait()
+            start = time.perf_counter()
+            t = self._steps[layer] + 1
+            scalars = StepScalars.compute(hyper, t, loss_scale, divisor)
+            grads = [self._inboxes[(layer, k)] for k in range(self.contributors)]
+            finite = self.backend.step(layer, grads, scalars, self._copies[layer])
+            if finite:
+                self._steps[layer] = t
+            self.update_seconds += time.perf_counter() - start
+            record = UpdateRecord(layer, self._steps[layer], finite)
+            self.history.append(record)
+            return record
+        except BaseException as exc:  # surfaced to the relay by poll()/fetch()
+            if self._error is None:
+                self._error = exc
+            raise
+
+    def _wait(self, layer: int) -> None:
+        self.poll()
+        fut = self._pending.get(layer)
+        if fut is None:
+            return
+        if not fut.done():
+            start = time.perf_counter()
+            try:
+                fut.result()
+            except BaseException:
+                pass
+            self.wait_seconds += time.perf_counter() - start
+        self.poll()
+        with self._lock:
+            if self._pending.get(layer) is fut:
+                del self._pending[layer]
+
+    # ----------------------------------------------------------- checkpoints
+    def state_tensors(self) -> dict[str, np.ndarray]:
+        """``layer{i}.p/.m/.v`` fp32 arrays of every layer (after pending updates)."""
+        self.synchronize()
+        out = {}
+        for layer in self.layers:
+            p, m, v = self.backend.read_state(layer)
+            out[f"layer{layer}.p"], out[f"layer{layer}.m"], out[f"layer{layer}.v"] = p, m, v
+        return out
+
+    def state_meta(self) -> dict:
+        return {"steps": {str(k): v for k, v in self._steps.items()}}
+
+    def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
+        self.synchronize()
+        for layer in self.layers:
+            try:
+                p, m, v = (tensors[f"layer{layer}.{k}"] for k in "pmv")
+            except KeyError as exc:
+                raise ValueError(f"checkpoint lacks {exc.args[0]}") from None
+            self.backend.write_state(layer, p, m, v)
+            self._steps[layer] = int(meta["steps"][str(layer)])
+            self.backend.write_copy(layer, self._copies[layer])

@@ -1,0 +1,30 @@
+"""What ``l2l info`` reports: the software, the devices, the EPS backends usable here."""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import torch
+
+from .eps import BACKENDS
+from .models import FAMILIES
+
+
+def info_lines() -> list[str]:
+    lines = [
+        f"python      {platform.python_version()} ({platform.machine()})",
+        f"torch       {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})",
+        f"numpy       {np.__version__}",
+        f"cpu threads {torch.get_num_threads()}",
+    ]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            lines.append(f"cuda:{i}      {props.name}, {props.total_memory / 2**30:.1f} GiB")
+    else:
+        lines.append("cuda        none visible (training runs on the CPU, same code path)")
+    for name, cls in BACKENDS.items():
+        ok, why = cls.availability()
+        lines.append(f"eps {name:<8}{'available' if ok else 'unavailable'}: {why}")
+    lines.append(f"models      {', '.join(FAMILIES)}")
+    return lines

@@ -1,0 +1,59 @@
+"""Model families by name; each builds a :class:`LayerStack` from a :class:`ModelConfig`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import UserError
+from .config import ModelConfig
+from .stack import IGNORE_INDEX, FlatLayout, Layer, LayerStack
+
+
+def _build_gpt(cfg: ModelConfig) -> LayerStack:
+    from .gpt import build_gpt
+    return build_gpt(cfg)
+
+
+def _build_hf_gpt2(cfg: ModelConfig) -> LayerStack:
+    from .hf import build_hf_gpt2
+    return build_hf_gpt2(cfg)
+
+
+def _build_hf_bert(cfg: ModelConfig) -> LayerStack:
+    from .hf import build_hf_bert
+    return build_hf_bert(cfg)
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    objective: str  # "causal": predict the next byte; "mlm": predict masked bytes
+    build: Callable[[ModelConfig], LayerStack]
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    "gpt": ModelFamily("gpt", "causal", _build_gpt),
+    "hf-gpt2": ModelFamily("hf-gpt2", "causal", _build_hf_gpt2),
+    "hf-bert": ModelFamily("hf-bert", "mlm", _build_hf_bert),
+}
+
+
+def family(name: str) -> ModelFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UserError(f"unknown model {name!r}; choose one of {', '.join(FAMILIES)}") from None
+
+
+def build_stack(cfg: ModelConfig, seed: int) -> LayerStack:
+    """Build a model's layer stack on the CPU, initialised deterministically from ``seed``."""
+    fam = family(cfg.family)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return fam.build(cfg)
+
+
+__all__ = ["FAMILIES", "IGNORE_INDEX", "FlatLayout", "Layer", "LayerStack", "ModelConfig",
+           "ModelFamily", "build_stack", "family"]

@@ -1,0 +1,260 @@
+"""The relay: L2L's schedule, layers outer and micro-batches inner.
+
+Forward: each layer is fetched from the EPS once and run over all M
+micro-batches; each micro-batch's layer input is stashed. The post stage runs
+forward and backward at once (its weights are already here). Backward walks
+the layers in reverse: fetch, recompute each micro-batch from its stash with
+grad enabled and the forward's dropout masks, back-propagate the upstream
+gradient, accumulate the layer's gradient over the M micro-batches into one
+flat buffer, hand it to the EPS -- which updates the layer on its worker while
+the relay goes on -- and free the layer.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from ..data import Batch
+from ..eps import EagerParamServer
+from ..models import Layer, LayerStack
+from .ledger import MemoryLedger
+from .rng import derive_seed, replay_rng
+from .stash import BoundaryStore
+from .transport import make_transport
+
+
+@dataclass
+class StepResult:
+    loss: float
+    tokens: int
+    eps_wait_s: float
+    device_peak_bytes: int
+    device_weight_peak_bytes: int
+
+
+def _strip_parameters(module: torch.nn.Module, device: torch.device) -> None:
+    """Leave only shapes behind (meta tensors); buffers move to the device.
+
+    The master weights live in the EPS; the module is a recipe the relay calls
+    with the weights it fetched.
+    """
+    for mod in module.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = torch.nn.Parameter(
+                    torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = b.to(device)
+
+
+class _FetchedLayer:
+    """One layer's weights on the device, as views for ``functional_call``."""
+
+    def __init__(self, layer: Layer, weights: torch.Tensor) -> None:
+        self.layer = layer
+        self.weights = weights
+        self.grad: torch.Tensor | None = None
+        self.params = layer.layout.views(weights)
+
+    def enable_grad(self, grad: torch.Tensor) -> None:
+        """Make each view a leaf whose ``.grad`` is its slice of one flat buffer."""
+        self.grad = grad
+        grads = self.layer.layout.views(grad)
+        for name, view in self.params.items():
+            view.requires_grad_(True)
+            view.grad = grads[name]
+
+    def __call__(self, *args):
+        return functional_call(self.layer.module, self.params, args)
+
+
+class RelayEngine:
+    name = "l2l"
+
+    def __init__(self, stack: LayerStack, eps: EagerParamServer, device: torch.device, *,
+                 micro_batches: int, stash: str = "device", seed: int = 0,
+                 transport=None) -> None:
+        self.stack = stack
+        self.eps = eps
+        self.device = device
+        self.micro_batches = micro_batches
+        self.stash_policy = stash
+        self.seed = seed
+        self.transport = transport or make_transport(device)
+        self.ledger = MemoryLedger()
+        self.layers = stack.layers
+        for i, layer in enumerate(self.layers):
+            if i not in eps.layers:
+                eps.add_layer(i, layer.layout.flatten(layer.module))
+            _strip_parameters(layer.module, device)
+        self._prefetched: dict[int, object] = {}
+
+    # ------------------------------------------------------------ weights
+    def _prefetch(self, i: int) -> None:
+        if 0 <= i < len(self.layers) and i not in self._prefetched and self.device.type == "cuda":
+            self._prefetched[i] = self.transport.upload(self.eps.fetch(i))
+
+    def _fetch(self, i: int) -> _FetchedLayer:
+        pending = self._prefetched.pop(i, None) or self.transport.upload(self.eps.fetch(i))
+        fetched = _FetchedLayer(self.layers[i], pending.wait())
+        self.ledger.add("weights", _nbytes(fetched.weights))
+        return fetched
+
+    def _release(self, fetched: _FetchedLayer) -> None:
+        self.ledger.sub("weights", _nbytes(fetched.weights))
+        if fetched.grad is not None:
+            self.ledger.sub("grads", _nbytes(fetched.grad))
+
+    def _with_grad(self, i: int, fetched: _FetchedLayer) -> None:
+        inbox = self.eps.gradient_inbox(i)
+        fetched.enable_grad(self.transport.gradient_buffer(inbox))
+        self.ledger.add("grads", _nbytes(fetched.grad))
+
+    def _hand_over(self, i: int, fetched: _FetchedLayer, divisor: int) -> None:
+        ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i))
+        self.eps.push_gradient(i, divisor=divisor, ready=ready)
+
+    # ------------------------------------------------------------ helpers
+    def _split(self, batch: Batch):
+        return [(mb.inputs.to(self.device, non_blocking=True), mb.targets.to(self.device, non_blocking=True))
+                for mb in batch.split(self.micro_batches)]
+
+    def _rng(self, step: int, i: int, j: int):
+        return replay_rng(self.device, derive_seed(self.seed, step, i, j))
+
+    def _track(self, t: torch.Tensor) -> int:
+        n = _nbytes(t)
+        self.ledger.add("boundary", n)
+        return n
+
+    # ------------------------------------------------------------ training
+    def train_step(self, batch: Batch, step: int) -> StepResult:
+        """One optimizer step over ``batch``; weights update eagerly, layer by layer."""
+        self.stack.train(True)
+        self.ledger.reset_peaks()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        wait_before = self.eps.wait_seconds
+        mbs = self._split(batch)
+        divisor = batch.num_targets
+        store = BoundaryStore(self.stash_policy, self.transport, self.ledger)
+        last = len(self.layers) - 1
+
+        # forward: pre and blocks, stashing each layer's input
+        with torch.no_grad():
+            for i in range(last):
+                layer = self._fetch(i)
+                self._prefetch(i + 1)
+                for j, (tokens, _) in enumerate(mbs):
+                    x = tokens if i == 0 else store.get(("act", i, j))
+                    held = 0 if i == 0 else self._track(x)
+                    with self._rng(step, i, j):
+                        y = layer(x)
+                    store.put(("act", i + 1, j), y)
+                    self.ledger.sub("boundary", held)
+                    del x, y
+                self._release(layer)
+                self.eps.poll()
+
+        # post stage: forward and backward at once
+        layer = self._fetch(last)
+        self._prefetch(last - 1)
+        self._with_grad(last, layer)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for j, (_, targets) in enumerate(mbs):
+            h = store.pop(("act", last, j)).requires_grad_(True)
+            held = self._track(h)
+            with self._rng(step, last, j):
+                part = layer(h, targets)
+            part.backward()
+            loss_sum += part.detach()
+            store.put(("grad", last, j), h.grad)
+            self.ledger.sub("boundary", held)
+            del h, part
+        self._hand_over(last, layer, divisor)
+        self._release(layer)
+
+        # backward: blocks and pre in reverse, recomputed from the stash
+        for i in range(last - 1, -1, -1):
+            layer = self._fetch(i)
+            self._prefetch(i - 1)
+            self._with_grad(i, layer)
+            for j, (tokens, _) in enumerate(mbs):
+                x = tokens if i == 0 else store.pop(("act", i, j)).requires_grad_(True)
+                upstream = store.pop(("grad", i + 1, j))
+                held = self._track(upstream) + (0 if i == 0 else self._track(x))
+                with self._rng(step, i, j):
+                    y = layer(x)
+                y.backward(upstream)
+                if i > 0:
+                    store.put(("grad", i, j), x.grad)
+                self.ledger.sub("boundary", held)
+                del x, y, upstream
+            self._hand_over(i, layer, divisor)
+            self._release(layer)
+            self.eps.poll()
+
+        assert len(store) == 0, "stash not drained"
+        loss = loss_sum.item() / divisor
+        return StepResult(
+            loss=loss,
+            tokens=batch.inputs.numel(),
+            eps_wait_s=self.eps.wait_seconds - wait_before,
+            device_peak_bytes=self._device_peak(),
+            device_weight_peak_bytes=self.ledger.weight_peak,
+        )
+
+    def _device_peak(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return self.ledger.peak
+
+    # ------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, batches: list[Batch]) -> float:
+        """Mean token loss over ``batches``, relayed layer by layer without stashing."""
+        self.stack.train(False)
+        try:
+            total, count = 0.0, 0
+            for batch in batches:
+                mbs = self._split(batch)
+                xs = [tokens for tokens, _ in mbs]
+                for i in range(len(self.layers)):
+                    layer = self._fetch(i)
+                    self._prefetch(i + 1)
+                    if i < len(self.layers) - 1:
+                        xs = [layer(x) for x in xs]
+                    else:
+                        total += sum(float(layer(x, t)) for x, (_, t) in zip(xs, mbs))
+                    self._release(layer)
+                count += batch.num_targets
+            return total / count
+        finally:
+            self.stack.train(True)
+
+    # ------------------------------------------------------------ state
+    def state_tensors(self) -> dict[str, np.ndarray]:
+        return self.eps.state_tensors()
+
+    def state_meta(self) -> dict:
+        return self.eps.state_meta()
+
+    def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
+        self.eps.load_state(tensors, meta)
+
+    def master_weights(self) -> list[np.ndarray]:
+        """fp32 master weights per layer (for tests and comparison with the baseline)."""
+        tensors = self.eps.state_tensors()
+        return [tensors[f"layer{i}.p"] for i in range(len(self.layers))]
+
+    def close(self) -> None:
+        self.eps.synchronize()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -1,0 +1,236 @@
+"""The training run: config in, model trained, record and checkpoints out.
+
+Data flows one way: corpus -> sampler -> engine (relay + EPS, or the plain
+baseline) -> metrics, checkpoints, plot. This module only orchestrates; the
+schedule lives in :mod:`l2l.relay`, the optimizer in :mod:`l2l.eps`.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import BatchSampler, load_corpus
+from .eps import AdamWHyper, EagerParamServer, make_backend
+from .errors import UserError
+from .metrics import MetricsLog, plot_metrics
+from .models import build_stack, family
+from .plain import PlainEngine
+from .relay.engine import RelayEngine
+from .relay.transport import make_transport
+from .schedule import lr_at
+
+FORMAT = "l2l-train/1"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible to this PyTorch build")
+    return torch.device(name)
+
+
+def hyper_of(cfg: TrainConfig) -> AdamWHyper:
+    return AdamWHyper(lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
+                      weight_decay=cfg.weight_decay)
+
+
+def build_engine(cfg: TrainConfig, stack, device: torch.device):
+    if cfg.engine == "plain":
+        return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing)
+    transport = make_transport(device)
+    eps = EagerParamServer(make_backend(cfg.eps), hyper_of(cfg), host_alloc=transport.host_alloc)
+    return RelayEngine(stack, eps, device, micro_batches=cfg.micro_batches, stash=cfg.stash,
+                       seed=cfg.seed, transport=transport)
+
+
+def set_lr(engine, lr: float) -> None:
+    if isinstance(engine, RelayEngine):
+        engine.eps.hyper = replace(engine.eps.hyper, lr=lr)
+    else:
+        for group in engine.optimizer.param_groups:
+            group["lr"] = lr
+
+
+@dataclass
+class RunSummary:
+    out: str
+    steps: int
+    initial_val_loss: float | None
+    final_val_loss: float | None
+    final_loss: float | None
+    mean_tokens_per_s: float | None
+    device_peak_bytes: int
+    device_weight_peak_bytes: int
+
+
+def _rng_meta() -> dict:
+    state = {"torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available():
+        state["torch_cuda"] = [base64.b64encode(s.numpy().tobytes()).decode()
+                               for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _restore_rng(meta: dict) -> None:
+    def tensor(b64: str) -> torch.Tensor:
+        return torch.from_numpy(np.frombuffer(base64.b64decode(b64), dtype=np.uint8).copy())
+    torch.set_rng_state(tensor(meta["torch_cpu"]))
+    if torch.cuda.is_available() and "torch_cuda" in meta:
+        torch.cuda.set_rng_state_all([tensor(s) for s in meta["torch_cuda"]])
+
+
+def _check_resumable(cfg: TrainConfig, saved: dict, stack, where: Path) -> None:
+    if saved.get("format") != FORMAT:
+        raise UserError(f"{where} is not an l2l training checkpoint (format {saved.get('format')!r})")
+    theirs = saved["trajectory"]
+    for key, mine in cfg.trajectory().items():
+        if theirs.get(key) != mine:
+            raise UserError(f"checkpoint in {where} is from another run: {key} was "
+                            f"{theirs.get(key)!r}, now {mine!r}")
+    if saved["signature"] != json.loads(json.dumps(stack.signature())):
+        raise UserError(f"checkpoint in {where} does not match the model's layer layout")
+
+
+def train(cfg: TrainConfig) -> RunSummary:
+    cfg.check()
+    out = Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
+    device = resolve_device(cfg.device)
+    saved = None
+    if cfg.resume:
+        saved = ckpt.load_latest(out)
+        if saved is None:
+            raise UserError(f"--resume: no checkpoint in {out}")
+    elif ckpt.list_checkpoints(out) or (out / "metrics.jsonl").exists():
+        raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+
+    corpus = load_corpus(cfg.data)
+    objective = family(cfg.model).objective
+    sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed, name="train")
+    val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
+                               name="val").fixed_batches(cfg.eval_batches)
+    stack = build_stack(cfg.model_config(), cfg.seed)
+    if saved is not None:
+        _check_resumable(cfg, saved.meta, stack, saved.path)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = build_engine(cfg, stack, device)
+    try:
+        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved)
+    finally:
+        engine.close()
+
+
+def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -> RunSummary:
+    start = 0
+    initial_val = None
+    if saved is not None:
+        engine.load_state(saved.tensors, saved.meta["engine"])
+        sampler.load_state_dict(saved.meta["data"])
+        _restore_rng(saved.meta["rng"])
+        start = saved.step
+        initial_val = saved.meta.get("initial_val_loss")
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+    say = _printer(cfg)
+    say(f"l2l: {cfg.engine} engine, {cfg.model} {cfg.layers} layers x d{cfg.d_model} "
+        f"({stack.num_params / 1e6:.2f}M params) on {device}; data: {corpus.description}")
+    if saved is not None:
+        say(f"l2l: resumed from {saved.path} at step {start}")
+    if start == 0:
+        initial_val = engine.evaluate(val_batches)
+        say(f"l2l: step 0 validation loss {initial_val:.4f}")
+
+    log = MetricsLog(out / "metrics.jsonl", resume_from_step=start)
+    bar = _progress(cfg, start)
+    last_val, last_loss, tps_seen = None, None, []
+    peak = weight_peak = 0
+    try:
+        for step in range(start, cfg.steps):
+            lr = lr_at(step, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                       total_steps=cfg.total_schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
+            set_lr(engine, lr)
+            batch = sampler.next()
+            t0 = time.perf_counter()
+            result = engine.train_step(batch, step)
+            dt = time.perf_counter() - t0
+            if not math.isfinite(result.loss):
+                raise UserError(f"loss became {result.loss} at step {step + 1}; lower --lr")
+            done = step + 1
+            val = None
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                val = last_val = engine.evaluate(val_batches)
+            tps = result.tokens / dt
+            tps_seen.append(tps)
+            last_loss = result.loss
+            peak = max(peak, result.device_peak_bytes)
+            weight_peak = max(weight_peak, result.device_weight_peak_bytes)
+            log.write({"step": done, "loss": result.loss, "val_loss": val, "lr": lr,
+                       "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
+                       "device_peak_bytes": result.device_peak_bytes,
+                       "device_weight_peak_bytes": result.device_weight_peak_bytes})
+            bar.update(1)
+            bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
+                                + (f" | val {val:.3f}" if val is not None else ""))
+            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
+                _save(cfg, out, done, engine, sampler, stack, initial_val)
+    finally:
+        bar.close()
+        log.close()
+
+    if cfg.plot and (out / "metrics.jsonl").stat().st_size:
+        plot_metrics(out / "metrics.jsonl", out / "metrics.png",
+                     title=f"{cfg.engine} {cfg.model} L{cfg.layers} d{cfg.d_model}")
+    summary = RunSummary(out=str(out), steps=cfg.steps, initial_val_loss=initial_val,
+                         final_val_loss=last_val, final_loss=last_loss,
+                         mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
+                         device_peak_bytes=peak, device_weight_peak_bytes=weight_peak)
+    ckpt.atomic_write_bytes(out / "summary.json", (json.dumps(summary.__dict__, indent=2) + "\n").encode())
+    if last_val is not None and initial_val is not None:
+        say(f"l2l: validation loss {initial_val:.4f} -> {last_val:.4f} "
+            f"({last_val / initial_val:.0%} of step 0); record in {out}")
+    return summary
+
+
+def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> None:
+    meta = {"format": FORMAT, "config": cfg.to_dict(), "trajectory": cfg.trajectory(),
+            "signature": stack.signature(), "engine": engine.state_meta(),
+            "data": sampler.state_dict(), "rng": _rng_meta(), "initial_val_loss": initial_val}
+    ckpt.save_checkpoint(out, step, engine.state_tensors(), meta, keep=cfg.keep_checkpoints,
+                         before_commit=_fault_hook(step))
+
+
+def _fault_hook(step: int):
+    """Fault injection for the crash tests: ``L2L_FAULT_KILL_IN_SAVE=N`` SIGKILLs the
+    process inside the save of step N, after the files are written and before
+    they are committed -- the worst moment for a checkpoint writer."""
+    target = os.environ.get("L2L_FAULT_KILL_IN_SAVE")
+    if target is None or int(target) != step:
+        return None
+
+    def kill() -> None:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    return kill
+
+
+def _printer(cfg: TrainConfig):
+    def say(msg: str) -> None:
+        if cfg.progress:
+            print(msg, flush=True)
+    return say
+
+
+def _progress(cfg: TrainConfig, start: int):
+    from tqdm import tqdm
+    return tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, unit="step",
+                dynamic_ncols=True, mininterval=1.0, desc="train")
