@@ -83,6 +83,8 @@ class TrainConfig:
                 raise UserError(msg)
 
         need(self.model in FAMILIES, f"unknown model {self.model!r}; choose one of {', '.join(FAMILIES)}")
+        from .eps import BACKENDS
+        need(self.eps in BACKENDS, f"unknown EPS backend {self.eps!r}; choose one of {', '.join(BACKENDS)}")
         need(self.engine in ENGINES, f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")

@@ -111,6 +111,8 @@ def train(cfg: TrainConfig) -> RunSummary:
         saved = ckpt.load_latest(out)
         if saved is None:
             raise UserError(f"--resume: no checkpoint in {out}")
+        if cfg.schedule_steps is None:  # extending --steps keeps the run's own lr schedule
+            cfg = replace(cfg, schedule_steps=saved.meta.get("trajectory", {}).get("schedule_steps"))
     elif ckpt.list_checkpoints(out) or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 

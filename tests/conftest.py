@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny models and the stdlib corpus, small enough for 2 CPU cores."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from l2l.data import BatchSampler, load_corpus
+from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+from l2l.models import ModelConfig, build_stack, family
+from l2l.plain import PlainEngine
+from l2l.relay.engine import RelayEngine
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return load_corpus(None)
+
+
+def sampler_for(corpus, cfg: ModelConfig, batch_size: int, seed: int = 0) -> BatchSampler:
+    return BatchSampler(corpus.train, cfg.seq_len, batch_size, family(cfg.family).objective, seed=seed)
+
+
+def relay(cfg: ModelConfig, hyper: AdamWHyper, *, micro_batches: int, seed: int = 0,
+          stash: str = "device", backend=None) -> RelayEngine:
+    eps = EagerParamServer(backend or NumpyBackend(), hyper)
+    return RelayEngine(build_stack(cfg, seed), eps, CPU, micro_batches=micro_batches, stash=stash, seed=seed)
+
+
+def plain(cfg: ModelConfig, hyper: AdamWHyper, *, seed: int = 0, checkpointing: bool = False) -> PlainEngine:
+    return PlainEngine(build_stack(cfg, seed), hyper, CPU, checkpointing=checkpointing)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m l2l ARGS`` in a subprocess, as a user would run it."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "l2l", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+ROOT = Path(__file__).resolve().parents[1]
