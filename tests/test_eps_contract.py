@@ -595,9 +595,20 @@ _SIGN = {"fp32": 1 << 31, "bf16": 1 << 15, "fp16": 1 << 15}
 _MAX = {"fp32": 0x7F7FFFFF, "bf16": 0x7F7F, "fp16": 0x7BFF}
 
 
-@pytest.mark.parametrize("gdtype", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("K", [1, 2, 4])
-@pytest.mark.parametrize("case", ["+inf", "-inf", "nan", "inf-inf", "sum-overflow", "scale-overflow"])
+def _nonfinite_cases():
+    """Every (case, K, dtype) that can happen: inf-inf needs two contributions,
+    and only a sum of several fp32/bf16 values can overflow binary32."""
+    for case in ["+inf", "-inf", "nan", "inf-inf", "sum-overflow", "scale-overflow"]:
+        for K in [1, 2, 4]:
+            for gdtype in ["fp32", "bf16", "fp16"]:
+                if case == "inf-inf" and K == 1:
+                    continue
+                if case == "sum-overflow" and (K == 1 or gdtype == "fp16"):
+                    continue
+                yield case, K, gdtype
+
+
+@pytest.mark.parametrize("case, K, gdtype", list(_nonfinite_cases()))
 def test_nonfinite_gradient_changes_nothing(case, K, gdtype):
     rng = np.random.default_rng(K)
     n = 37
@@ -613,13 +624,9 @@ def test_nonfinite_gradient_changes_nothing(case, K, gdtype):
     elif case == "nan":
         grad_bits[K // 2][i] = _NAN[gdtype]
     elif case == "inf-inf":
-        if K == 1:
-            pytest.skip("needs two contributions")
         grad_bits[0][i] = _INF[gdtype]
         grad_bits[1][i] = _INF[gdtype] | _SIGN[gdtype]
     elif case == "sum-overflow":
-        if K == 1 or gdtype == "fp16":
-            pytest.skip("a sum of fp16 values cannot overflow binary32")
         for gb in grad_bits:
             gb[i] = _MAX[gdtype]
         s = custom_scalars(inv_scale=1.0)
@@ -696,7 +703,7 @@ def test_long_run(gdtype, K, cdtype):
 
 
 def test_agrees_with_torch_adamw():
-    torch = pytest.importorskip("torch")
+    import torch
     rng = np.random.default_rng(2024)
     n = 50_000
     hyper = AdamWHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)

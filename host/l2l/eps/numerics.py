@@ -29,6 +29,11 @@ def reduce_gradients(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np
     """``out = (g_0 + g_1 + ... + g_{K-1}) * inv_scale``, left fold; True when all finite."""
     if not grads:
         raise ValueError("at least one gradient contribution")
+    with np.errstate(all="ignore"):  # inf/NaN are data here: the flag reports them
+        return _reduce(grads, inv_scale, out)
+
+
+def _reduce(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray) -> bool:
     n = out.shape[0]
     for g in grads:
         if g.shape != (n,):
@@ -59,7 +64,11 @@ def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
     The device copy (fp32, bf16 or fp16, per ``copy_out.dtype``) is written
     chunk by chunk while ``p'`` is still in cache: one pass over memory.
     """
-    scratch = scratch or _Scratch()
+    with np.errstate(all="ignore"):  # overflow to inf is a defined result, not an error
+        _adamw(p, m, v, g, s, copy_out, scratch or _Scratch())
+
+
+def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch) -> None:
     n = p.shape[0]
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)

@@ -53,7 +53,9 @@ class NumpyBackend(EpsBackend):
         return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
 
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        for store, src in ((self._p, p), (self._m, m), (self._v, v)):
+        pairs = ((self._p, p), (self._m, m), (self._v, v))
+        for store, src in pairs:  # check all before writing any: no half-loaded layer
             if src.shape != store[layer].shape:
                 raise ValueError(f"layer {layer}: state of shape {src.shape}, expected {store[layer].shape}")
+        for store, src in pairs:
             store[layer][...] = src

@@ -188,12 +188,21 @@ class EagerParamServer:
         return {"steps": {str(k): v for k, v in self._steps.items()}}
 
     def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
+        """Replace every layer's state; checked whole before anything is written."""
         self.synchronize()
+        staged = {}
         for layer in self.layers:
             try:
                 p, m, v = (tensors[f"layer{layer}.{k}"] for k in "pmv")
+                steps = int(meta["steps"][str(layer)])
             except KeyError as exc:
                 raise ValueError(f"checkpoint lacks {exc.args[0]}") from None
+            for name, a in zip("pmv", (p, m, v)):
+                if a.shape != (self._numel[layer],) or a.dtype != np.float32:
+                    raise ValueError(f"layer{layer}.{name}: {a.dtype}{list(a.shape)}, "
+                                     f"expected float32[{self._numel[layer]}]")
+            staged[layer] = (p, m, v, steps)
+        for layer, (p, m, v, steps) in staged.items():
             self.backend.write_state(layer, p, m, v)
-            self._steps[layer] = int(meta["steps"][str(layer)])
+            self._steps[layer] = steps
             self.backend.write_copy(layer, self._copies[layer])

@@ -1,0 +1,119 @@
+"""``l2l bench relay``: relay step time against the in-memory baseline.
+
+Same model, data and seed for every engine; the relay runs the batch as M
+micro-batches, the baseline runs it whole, with (``plain+ckpt``, the same
+recompute the relay pays) and without activation checkpointing. Reports the
+median step time after warm-up, the relay/plain+ckpt ratio and the share of
+the step the relay spent waiting on the EPS. Writes JSON and a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig
+from .data import BatchSampler, load_corpus
+from .errors import UserError
+from .models import build_stack, family
+from .train import build_engine, resolve_device
+
+
+def _time_engine(cfg: TrainConfig, sampler: BatchSampler, steps: int, warmup: int) -> dict:
+    device = resolve_device(cfg.device)
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
+    times, waits, peaks = [], [], []
+    try:
+        for step in range(warmup + steps):
+            batch = sampler.batch(step)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            result = engine.train_step(batch, step)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if step >= warmup:
+                times.append(time.perf_counter() - t0)
+                waits.append(result.eps_wait_s)
+                peaks.append(result.device_peak_bytes)
+    finally:
+        engine.close()
+    median = statistics.median(times)
+    return {"step_s": median, "eps_wait_share": statistics.median(waits) / median,
+            "device_peak_bytes": max(peaks), "tokens_per_s": sampler.batch_size * cfg.seq_len / median}
+
+
+def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
+    corpus = load_corpus(None)
+    rows = []
+    for layers in args.layers:
+        base = TrainConfig(model=args.model, layers=layers, d_model=args.d_model, heads=args.heads,
+                           seq_len=args.seq_len, batch_size=args.batch_size, device=args.device,
+                           progress=False).check()
+        sampler = BatchSampler(corpus.train, base.seq_len, base.batch_size,
+                               family(base.model).objective, seed=0)
+        plain_ckpt = _time_engine(TrainConfig(**{**base.to_dict(), "engine": "plain", "checkpointing": True}),
+                                  sampler, args.steps, args.warmup)
+        plain = _time_engine(TrainConfig(**{**base.to_dict(), "engine": "plain"}), sampler, args.steps, args.warmup)
+        for m in args.micro_batches:
+            if base.batch_size % m:
+                continue
+            l2l = _time_engine(TrainConfig(**{**base.to_dict(), "micro_batches": m, "stash": args.stash}),
+                               sampler, args.steps, args.warmup)
+            row = {"layers": layers, "micro_batches": m, "l2l_step_s": l2l["step_s"],
+                   "plain_ckpt_step_s": plain_ckpt["step_s"], "plain_step_s": plain["step_s"],
+                   "ratio_vs_plain_ckpt": l2l["step_s"] / plain_ckpt["step_s"],
+                   "ratio_vs_plain": l2l["step_s"] / plain["step_s"],
+                   "eps_wait_share": l2l["eps_wait_share"], "l2l_tokens_per_s": l2l["tokens_per_s"],
+                   "l2l_device_peak_bytes": l2l["device_peak_bytes"]}
+            rows.append(row)
+            print(f"L={layers:3d} M={m:2d}  l2l {row['l2l_step_s']:.3f}s  plain+ckpt {row['plain_ckpt_step_s']:.3f}s"
+                  f"  plain {row['plain_step_s']:.3f}s  ratio {row['ratio_vs_plain_ckpt']:.3f}"
+                  f"  eps wait {row['eps_wait_share']:.1%}", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    head = (f"Model {args.model} d{args.d_model} h{args.heads}, seq {args.seq_len}, batch {args.batch_size}, "
+            f"device {args.device}, median of {args.steps} steps after {args.warmup} warm-up; stash {args.stash}.\n\n"
+            "| layers | M | l2l step (s) | plain+ckpt (s) | plain (s) | l2l / plain+ckpt | l2l / plain | EPS wait |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    body = "".join(f"| {r['layers']} | {r['micro_batches']} | {r['l2l_step_s']:.3f} | {r['plain_ckpt_step_s']:.3f} "
+                   f"| {r['plain_step_s']:.3f} | {r['ratio_vs_plain_ckpt']:.3f} | {r['ratio_vs_plain']:.3f} "
+                   f"| {r['eps_wait_share']:.1%} |\n" for r in rows)
+    return head + body
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="l2l bench relay", description=__doc__)
+    p.add_argument("--model", default="gpt")
+    p.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--stash", default="device")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", default="bench/results")
+    return p
+
+
+def run_bench(what: str, argv: list[str]) -> int:
+    if what != "relay":
+        raise UserError(f"unknown benchmark {what!r}; available: relay")
+    args = _parser().parse_args(argv)
+    rows = relay_vs_plain(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "relay_vs_plain.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    table = markdown(rows, args)
+    (out / "relay_vs_plain.md").write_text(table)
+    print("\n" + table)
+    return 0
