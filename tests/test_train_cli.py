@@ -162,3 +162,23 @@ def test_info_lists_backends():
     r = run_cli("info")
     assert r.returncode == 0
     assert "eps numpy" in r.stdout and "torch" in r.stdout
+
+
+@pytest.mark.parametrize("model", ["hf-gpt2", "hf-bert"])
+def test_transformers_models_train_from_the_cli(tmp_path, model):
+    out = tmp_path / model
+    r = _train(out, "--model", model, "--steps", "3", "--dropout", "0.1")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+
+
+def test_bench_relay_writes_json_and_table(tmp_path):
+    r = run_cli("bench", "relay", "--layers", "1", "--micro-batches", "1", "2", "--d-model", "32",
+                "--heads", "2", "--seq-len", "16", "--batch-size", "4", "--steps", "1", "--warmup", "0",
+                "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "relay_vs_plain.json").read_text())["rows"]
+    assert [row["micro_batches"] for row in rows] == [1, 2]
+    assert all(row["l2l_step_s"] > 0 and row["ratio_vs_plain_ckpt"] > 0 for row in rows)
+    assert "| layers | M |" in (tmp_path / "relay_vs_plain.md").read_text()

@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,28 +24,39 @@ from .models import build_stack, family
 from .train import build_engine, resolve_device
 
 
-def _time_engine(cfg: TrainConfig, sampler: BatchSampler, steps: int, warmup: int) -> dict:
-    device = resolve_device(cfg.device)
-    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
-    times, waits, peaks = [], [], []
+def _time_engines(configs: dict[str, TrainConfig], sampler: BatchSampler, steps: int,
+                  warmup: int) -> dict[str, dict]:
+    """Median step time of each engine, stepping them in turn so that drift in the
+    machine's speed (other load, clocks) falls on all of them alike."""
+    device = resolve_device(next(iter(configs.values())).device)
+    engines = {name: build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
+               for name, cfg in configs.items()}
+    times = {name: [] for name in engines}
+    waits = {name: [] for name in engines}
+    peaks = {name: 0 for name in engines}
     try:
         for step in range(warmup + steps):
             batch = sampler.batch(step)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            result = engine.train_step(batch, step)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if step >= warmup:
-                times.append(time.perf_counter() - t0)
-                waits.append(result.eps_wait_s)
-                peaks.append(result.device_peak_bytes)
+            for name, engine in engines.items():
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                result = engine.train_step(batch, step)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if step >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+                    waits[name].append(result.eps_wait_s)
+                    peaks[name] = max(peaks[name], result.device_peak_bytes)
     finally:
-        engine.close()
-    median = statistics.median(times)
-    return {"step_s": median, "eps_wait_share": statistics.median(waits) / median,
-            "device_peak_bytes": max(peaks), "tokens_per_s": sampler.batch_size * cfg.seq_len / median}
+        for engine in engines.values():
+            engine.close()
+    out = {}
+    for name in engines:
+        median = statistics.median(times[name])
+        out[name] = {"step_s": median, "eps_wait_share": statistics.median(waits[name]) / median,
+                     "device_peak_bytes": peaks[name]}
+    return out
 
 
 def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
@@ -56,19 +68,19 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
                            progress=False).check()
         sampler = BatchSampler(corpus.train, base.seq_len, base.batch_size,
                                family(base.model).objective, seed=0)
-        plain_ckpt = _time_engine(TrainConfig(**{**base.to_dict(), "engine": "plain", "checkpointing": True}),
-                                  sampler, args.steps, args.warmup)
-        plain = _time_engine(TrainConfig(**{**base.to_dict(), "engine": "plain"}), sampler, args.steps, args.warmup)
-        for m in args.micro_batches:
-            if base.batch_size % m:
-                continue
-            l2l = _time_engine(TrainConfig(**{**base.to_dict(), "micro_batches": m, "stash": args.stash}),
-                               sampler, args.steps, args.warmup)
+        ms = [m for m in args.micro_batches if base.batch_size % m == 0]
+        configs = {"plain_ckpt": replace(base, engine="plain", checkpointing=True),
+                   "plain": replace(base, engine="plain")}
+        configs.update({f"l2l_m{m}": replace(base, micro_batches=m, stash=args.stash) for m in ms})
+        timed = _time_engines(configs, sampler, args.steps, args.warmup)
+        for m in ms:
+            l2l, ckpt, plain = timed[f"l2l_m{m}"], timed["plain_ckpt"], timed["plain"]
             row = {"layers": layers, "micro_batches": m, "l2l_step_s": l2l["step_s"],
-                   "plain_ckpt_step_s": plain_ckpt["step_s"], "plain_step_s": plain["step_s"],
-                   "ratio_vs_plain_ckpt": l2l["step_s"] / plain_ckpt["step_s"],
+                   "plain_ckpt_step_s": ckpt["step_s"], "plain_step_s": plain["step_s"],
+                   "ratio_vs_plain_ckpt": l2l["step_s"] / ckpt["step_s"],
                    "ratio_vs_plain": l2l["step_s"] / plain["step_s"],
-                   "eps_wait_share": l2l["eps_wait_share"], "l2l_tokens_per_s": l2l["tokens_per_s"],
+                   "eps_wait_share": l2l["eps_wait_share"],
+                   "l2l_tokens_per_s": base.batch_size * base.seq_len / l2l["step_s"],
                    "l2l_device_peak_bytes": l2l["device_peak_bytes"]}
             rows.append(row)
             print(f"L={layers:3d} M={m:2d}  l2l {row['l2l_step_s']:.3f}s  plain+ckpt {row['plain_ckpt_step_s']:.3f}s"
@@ -79,7 +91,7 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     head = (f"Model {args.model} d{args.d_model} h{args.heads}, seq {args.seq_len}, batch {args.batch_size}, "
-            f"device {args.device}, median of {args.steps} steps after {args.warmup} warm-up; stash {args.stash}.\n\n"
+            f"device {args.device}, median of {args.steps} steps after {args.warmup} warm-up, engines stepped in turn; stash {args.stash}.\n\n"
             "| layers | M | l2l step (s) | plain+ckpt (s) | plain (s) | l2l / plain+ckpt | l2l / plain | EPS wait |\n"
             "|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     body = "".join(f"| {r['layers']} | {r['micro_batches']} | {r['l2l_step_s']:.3f} | {r['plain_ckpt_step_s']:.3f} "
@@ -89,7 +101,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="l2l bench relay", description=__doc__)
+    from .cli import _Parser
+    p = _Parser(prog="l2l bench relay", description=__doc__)
     p.add_argument("--model", default="gpt")
     p.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -99,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--stash", default="device")
     p.add_argument("--device", default="auto")
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default="bench/results")
     return p

@@ -40,8 +40,9 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_metrics(metrics_path: Path, png_path: Path, title: str = "") -> None:
-    """Loss (train and validation) and throughput against step, as one PNG."""
+def plot_metrics(metrics_path: Path, png_path: Path, title: str = "",
+                 initial_val_loss: float | None = None) -> None:
+    """Loss (train and validation, from step 0) and throughput against step, as one PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -50,7 +51,8 @@ def plot_metrics(metrics_path: Path, png_path: Path, title: str = "") -> None:
     steps = [r["step"] for r in recs]
     fig, (ax_loss, ax_tps) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     ax_loss.plot(steps, [r["loss"] for r in recs], lw=1, label="train")
-    val = [(r["step"], r["val_loss"]) for r in recs if r.get("val_loss") is not None]
+    val = [(0, initial_val_loss)] if initial_val_loss is not None else []
+    val += [(r["step"], r["val_loss"]) for r in recs if r.get("val_loss") is not None]
     if val:
         ax_loss.plot(*zip(*val), "o-", label="validation")
     ax_loss.set_ylabel("loss (nats/token)")

@@ -191,7 +191,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
 
     if cfg.plot and (out / "metrics.jsonl").stat().st_size:
         plot_metrics(out / "metrics.jsonl", out / "metrics.png",
-                     title=f"{cfg.engine} {cfg.model} L{cfg.layers} d{cfg.d_model}")
+                     title=f"{cfg.engine} {cfg.model} L{cfg.layers} d{cfg.d_model}",
+                     initial_val_loss=initial_val)
     summary = RunSummary(out=str(out), steps=cfg.steps, initial_val_loss=initial_val,
                          final_val_loss=last_val, final_loss=last_loss,
                          mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
