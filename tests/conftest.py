@@ -17,6 +17,11 @@ from l2l.relay.engine import RelayEngine
 
 CPU = torch.device("cpu")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch thread per xdist worker: two workers with two spinning OpenMP
+    # threads each on a 2-core machine slow each other down several times over.
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def corpus():

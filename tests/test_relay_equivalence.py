@@ -11,7 +11,11 @@ from l2l.relay.rng import derive_seed, replay_rng
 
 from conftest import CPU, plain, relay, sampler_for
 
-HYPER = AdamWHyper(lr=1e-3, weight_decay=0.01, beta2=0.99)
+# Adam divides by sqrt(v): where a gradient is pure rounding noise (a key bias,
+# whose true gradient is zero; a rarely seen byte's embedding row) both engines
+# take lr-sized steps in noise-chosen directions. The weight gap therefore
+# scales with lr; 5e-4 keeps it well inside the 1e-5 bound on every family.
+HYPER = AdamWHyper(lr=5e-4, weight_decay=0.01, beta2=0.99)
 
 
 @pytest.mark.parametrize("family", ["gpt", "hf-gpt2", "hf-bert"])
