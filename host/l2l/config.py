@@ -23,12 +23,12 @@ TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", 
 
 @dataclass
 class TrainConfig:
-    model: str = "gpt"
-    layers: int = 4
-    d_model: int = 128
-    heads: int = 4
-    seq_len: int = 128
-    dropout: float = 0.0
+    model: str = ModelConfig.family
+    layers: int = ModelConfig.layers
+    d_model: int = ModelConfig.d_model
+    heads: int = ModelConfig.heads
+    seq_len: int = ModelConfig.seq_len
+    dropout: float = ModelConfig.dropout
     batch_size: int = 32
     micro_batches: int = 4
     steps: int = 300
