@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"l2l: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # disk full, permissions: the environment, not a bug
+        print(f"l2l: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("l2l: interrupted", file=sys.stderr)
         return 130

@@ -253,7 +253,8 @@ class RelayEngine:
         return [tensors[f"layer{i}.p"] for i in range(len(self.layers))]
 
     def close(self) -> None:
-        self.eps.synchronize()
+        """Let queued updates finish and stop the EPS worker (never raises a worker error twice)."""
+        self.eps.close()
 
 
 def _nbytes(t: torch.Tensor) -> int:
