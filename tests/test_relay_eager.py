@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 
 from l2l.eps import AdamWHyper, NumpyBackend
 from l2l.errors import EpsWorkerError

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from l2l.eps import AdamWHyper
 from l2l.models import ModelConfig, build_stack

@@ -7,7 +7,6 @@ yardstick for the relay's correctness and speed.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import torch

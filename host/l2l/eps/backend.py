@@ -49,5 +49,5 @@ class EpsBackend(ABC):
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         """Replace the layer's state (from a checkpoint)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""

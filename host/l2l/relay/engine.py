@@ -11,7 +11,6 @@ the relay goes on -- and free the layer.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
