@@ -154,6 +154,12 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     _one_line_error(_train(out, "--steps", "4", "--resume"), "corrupt")
 
 
+def test_resume_of_a_finished_run_changes_nothing(reference_run):
+    before = {p: p.read_bytes() for p in reference_run.rglob("*") if p.is_file()}
+    _one_line_error(_train(reference_run, "--steps", str(STEPS), "--resume"), "already at step")
+    assert before == {p: p.read_bytes() for p in reference_run.rglob("*") if p.is_file()}
+
+
 def test_resume_without_checkpoint(tmp_path):
     _one_line_error(_train(tmp_path / "none", "--steps", "2", "--resume"), "no checkpoint")
 

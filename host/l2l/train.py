@@ -141,6 +141,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
         _restore_rng(saved.meta["rng"])
         start = saved.step
         initial_val = saved.meta.get("initial_val_loss")
+        if start >= cfg.steps:
+            raise UserError(f"{out} is already at step {start}; pass a larger --steps to continue it")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     say = _printer(cfg)
