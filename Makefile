@@ -25,7 +25,7 @@ $(BIN)/python:
 
 $(VENV)/.setup: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[hf]'
 	touch $@
 
 $(VENV)/.setup-test: $(VENV)/.setup

@@ -16,12 +16,21 @@ def _build_gpt(cfg: ModelConfig) -> LayerStack:
     return build_gpt(cfg)
 
 
+def _need_transformers() -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UserError("the hf-* models need Hugging Face transformers: pip install 'l2l[hf]'") from None
+
+
 def _build_hf_gpt2(cfg: ModelConfig) -> LayerStack:
+    _need_transformers()
     from .hf import build_hf_gpt2
     return build_hf_gpt2(cfg)
 
 
 def _build_hf_bert(cfg: ModelConfig) -> LayerStack:
+    _need_transformers()
     from .hf import build_hf_bert
     return build_hf_bert(cfg)
 
