@@ -12,7 +12,7 @@ TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4,<3' 
 RUN    ?= runs/train-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test train test bench clean
+.PHONY: setup setup-test opencl-platform train test bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed"' \
@@ -30,7 +30,23 @@ $(VENV)/.setup: pyproject.toml | $(BIN)/python
 
 $(VENV)/.setup-test: $(VENV)/.setup
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@$(MAKE) --no-print-directory opencl-platform
 	touch $@
+
+# The OpenCL EPS runs on any OpenCL platform; CI and CPU machines use PoCL.
+# As root on Debian: the pocl-opencl-icd package. Otherwise: PoCL from PyPI
+# into the venv (pocl-binary-distribution), after saying so.
+opencl-platform: | $(BIN)/python
+	@if $(BIN)/python -c 'import pyopencl as cl, sys; sys.exit(0 if cl.get_platforms() else 1)' 2>/dev/null; then \
+	  echo "OpenCL platform: $$($(BIN)/python -c 'import pyopencl as cl; print(cl.get_platforms()[0].name)')"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian pocl-opencl-icd (OpenCL on the CPU)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd >/dev/null; \
+	else \
+	  echo "no OpenCL platform: not root, so installing PoCL from PyPI into $(VENV) (pocl-binary-distribution);"; \
+	  echo "  system-wide instead: sudo apt-get install pocl-opencl-icd"; \
+	  $(BIN)/python -m pip install -q pocl-binary-distribution; \
+	fi
 
 setup: $(VENV)/.setup
 setup-test: $(VENV)/.setup-test

@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def run_bench(what: str, argv: list[str]) -> int:
     if what != "relay":
-        raise UserError(f"unknown benchmark {what!r}; available: relay")
+        raise UserError(f"unknown benchmark {what!r}; available: relay, eps")
     args = _parser().parse_args(argv)
     rows = relay_vs_plain(args)
     out = Path(args.out)

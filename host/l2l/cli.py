@@ -39,7 +39,10 @@ def _train_parser(sub) -> None:
     p.add_argument("--beta2", type=float, default=d.beta2)
     p.add_argument("--adam-eps", type=float, default=d.adam_eps)
     p.add_argument("--device", default=d.device, help=f"{' | '.join(DEVICES)} (default %(default)s)")
-    p.add_argument("--eps", default=d.eps, help="EPS backend (default %(default)s; see `l2l info`)")
+    p.add_argument("--eps", default=d.eps, help="EPS backend: numpy | opencl (default %(default)s; see `l2l info`)")
+    p.add_argument("--cl-platform", default=None, help="OpenCL platform: index or name substring (env L2L_CL_PLATFORM)")
+    p.add_argument("--cl-device", default=None, help="OpenCL device: index or name substring (env L2L_CL_DEVICE)")
+    p.add_argument("--cl-binary", default=None, help="precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS")
     p.add_argument("--engine", default=d.engine, help=f"{' | '.join(ENGINES)} (default %(default)s)")
     p.add_argument("--checkpointing", action="store_true", help="plain engine: recompute blocks in backward")
     p.add_argument("--stash", default=d.stash, help=f"{' | '.join(STASH)}: where stashed activations wait")
@@ -70,6 +73,9 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    if args.what == "eps":
+        from .bench_eps import run_eps_bench
+        return run_eps_bench(args.rest)
     from .bench import run_bench
     return run_bench(args.what, args.rest)
 
@@ -79,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
     sub.add_parser("info", help="torch version, devices and the EPS backends usable here")
-    b = sub.add_parser("bench", help="benchmarks (relay step time vs the plain baseline)")
-    b.add_argument("what", nargs="?", default="relay", help="relay (default)")
+    b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput)")
+    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see `l2l bench relay --help`)")
     return parser
 

@@ -42,6 +42,9 @@ class TrainConfig:
     adam_eps: float = 1e-8
     device: str = "auto"
     eps: str = "numpy"
+    cl_platform: str | None = None  # OpenCL EPS: platform index or name substring
+    cl_device: str | None = None    # OpenCL EPS: device index or name substring
+    cl_binary: str | None = None    # OpenCL EPS: precompiled program (.xclbin/.aocx/PoCL binary)
     engine: str = "l2l"
     checkpointing: bool = False
     stash: str = "device"
@@ -55,6 +58,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     progress: bool = True
     plot: bool = True
+
+    def eps_options(self) -> dict:
+        """Constructor options of the chosen EPS backend."""
+        if self.eps == "opencl":
+            return {"platform": self.cl_platform, "device": self.cl_device, "binary": self.cl_binary}
+        return {}
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
@@ -85,6 +94,8 @@ class TrainConfig:
         need(self.model in FAMILIES, f"unknown model {self.model!r}; choose one of {', '.join(FAMILIES)}")
         from .eps import BACKENDS
         need(self.eps in BACKENDS, f"unknown EPS backend {self.eps!r}; choose one of {', '.join(BACKENDS)}")
+        need(self.eps == "opencl" or not (self.cl_platform or self.cl_device or self.cl_binary),
+             "--cl-platform/--cl-device/--cl-binary apply to --eps opencl")
         need(self.engine in ENGINES, f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")

@@ -49,7 +49,8 @@ def build_engine(cfg: TrainConfig, stack, device: torch.device):
     if cfg.engine == "plain":
         return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing)
     transport = make_transport(device)
-    eps = EagerParamServer(make_backend(cfg.eps), hyper_of(cfg), host_alloc=transport.host_alloc)
+    eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
+                           host_alloc=transport.host_alloc)
     return RelayEngine(stack, eps, device, micro_batches=cfg.micro_batches, stash=cfg.stash,
                        seed=cfg.seed, transport=transport)
 
@@ -124,8 +125,8 @@ def train(cfg: TrainConfig) -> RunSummary:
     stack = build_stack(cfg.model_config(), cfg.seed)
     if saved is not None:
         _check_resumable(cfg, saved.meta, stack, saved.path)
-    out.mkdir(parents=True, exist_ok=True)
     engine = build_engine(cfg, stack, device)
+    out.mkdir(parents=True, exist_ok=True)
     try:
         return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved)
     finally:

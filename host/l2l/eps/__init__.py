@@ -5,10 +5,12 @@ from ..errors import UserError
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
 from .numpy_backend import NumpyBackend
+from .opencl_backend import OpenCLBackend
 from .server import EagerParamServer
 
 BACKENDS: dict[str, type[EpsBackend]] = {
     NumpyBackend.name: NumpyBackend,
+    OpenCLBackend.name: OpenCLBackend,
 }
 
 
@@ -23,5 +25,5 @@ def make_backend(name: str, **options) -> EpsBackend:
     return cls(**options)
 
 
-__all__ = ["AdamWHyper", "BACKENDS", "EagerParamServer", "EpsBackend", "NumpyBackend",
+__all__ = ["AdamWHyper", "BACKENDS", "EagerParamServer", "EpsBackend", "NumpyBackend", "OpenCLBackend",
            "StepScalars", "make_backend"]

@@ -1,0 +1,219 @@
+"""The OpenCL EPS: layer state in an OpenCL device's memory, kernels from fpga/opencl/eps.cl.
+
+The same kernel source runs on PoCL on any CPU (CI, and a fast CPU EPS) and,
+built offline into a binary (``.xclbin``/``.aocx``), on an FPGA card's OpenCL
+platform, where ``p, m, v`` sit in the card's DRAM: only gradients go in and
+device copies come out. Per update: gradients are written into one device
+buffer (K contributions back to back), ``eps_reduce_*`` sums and scales them
+and clears a finite flag on inf/NaN, ``eps_adamw_*`` updates in place and
+writes the device copy (doing nothing when the flag is clear), and the copy is
+read back; all enqueued on one in-order queue and waited for once.
+
+Platform and device: ``platform``/``device`` options or ``L2L_CL_PLATFORM`` /
+``L2L_CL_DEVICE`` (an index or a case-insensitive substring of the name). By
+default the first accelerator or GPU device is taken, else the first device.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import UserError
+from .backend import EpsBackend
+from .contract import StepScalars
+from .numerics import COPY_DTYPES
+
+KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "fpga" / "opencl" / "eps.cl"
+BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
+INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
+                "or 'pip install pocl-binary-distribution'")
+WORK_GROUP = 256
+
+_SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["fp16"]: "f16"}
+
+
+def kernel_source() -> str:
+    return KERNEL_SOURCE.read_text()
+
+
+def _cl():
+    try:
+        import pyopencl as cl
+    except ImportError:
+        raise UserError(f"--eps opencl needs pyopencl: pip install 'l2l[opencl]'; and {INSTALL_HINT}") from None
+    return cl
+
+
+def _pick(items, want: str | None, what: str):
+    if want is None or want == "":
+        return None
+    if want.isdigit():
+        index = int(want)
+        if index >= len(items):
+            raise UserError(f"OpenCL {what} {index} does not exist ({len(items)} found)")
+        return items[index]
+    for item in items:
+        if want.lower() in item.name.lower():
+            return item
+    raise UserError(f"no OpenCL {what} matches {want!r}; found: {', '.join(i.name for i in items)}")
+
+
+def choose_device(platform: str | None = None, device: str | None = None):
+    """(platform, device) by option, environment variable, or the default rule."""
+    cl = _cl()
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    if not platforms:
+        raise UserError(f"no OpenCL platform found; {INSTALL_HINT}")
+    chosen_platform = _pick(platforms, platform or os.environ.get("L2L_CL_PLATFORM"), "platform")
+    candidates = []
+    for plat in [chosen_platform] if chosen_platform else platforms:
+        try:
+            candidates += [(plat, dev) for dev in plat.get_devices()]
+        except cl.Error:
+            continue
+    if not candidates:
+        raise UserError(f"no OpenCL device found; {INSTALL_HINT}")
+    wanted = device or os.environ.get("L2L_CL_DEVICE")
+    if wanted:
+        dev = _pick([d for _, d in candidates], wanted, "device")
+        return next((p, d) for p, d in candidates if d == dev)
+    fast = [c for c in candidates if c[1].type & (cl.device_type.ACCELERATOR | cl.device_type.GPU)]
+    return (fast or candidates)[0]
+
+
+class OpenCLBackend(EpsBackend):
+    name = "opencl"
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        try:
+            plat, dev = choose_device()
+        except UserError as exc:
+            return False, str(exc)
+        return True, f"{dev.name.strip()} on {plat.name.strip()}"
+
+    def __init__(self, platform: str | None = None, device: str | None = None,
+                 binary: str | None = None) -> None:
+        cl = self._cl = _cl()
+        self.platform, self.device = choose_device(platform, device)
+        self.context = cl.Context([self.device])
+        self.queue = cl.CommandQueue(self.context, self.device)
+        self.program = self._build(binary)
+        self._kernels = {name: getattr(self.program, name) for name in self.program.kernel_names.split(";")}
+        self._state: dict[int, tuple] = {}
+        self._numel: dict[int, int] = {}
+        self._scratch: dict[str, object] = {}
+        self._flag = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, 4)
+
+    # ------------------------------------------------------------ program
+    def _build(self, binary: str | None):
+        cl = self._cl
+        if binary is None:
+            program = cl.Program(self.context, kernel_source())
+            try:
+                return program.build(options=BUILD_OPTIONS)
+            except cl.RuntimeError as exc:
+                raise RuntimeError(f"building {KERNEL_SOURCE} failed:\n{exc}") from exc
+        path = Path(binary)
+        if not path.is_file():
+            raise UserError(f"--cl-binary {binary}: no such file")
+        try:
+            program = cl.Program(self.context, [self.device], [path.read_bytes()])
+            return program.build(options=BUILD_OPTIONS)
+        except cl.Error as exc:
+            raise UserError(f"--cl-binary {binary}: not a program for {self.device.name.strip()} ({exc})") from None
+
+    def program_binary(self) -> bytes:
+        """The built program's binary for this device (what ``--cl-binary`` loads)."""
+        return self.program.get_info(self._cl.program_info.BINARIES)[0]
+
+    def _buffer(self, key: str, nbytes: int):
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < nbytes:
+            buf = self._scratch[key] = self._cl.Buffer(self.context, self._cl.mem_flags.READ_WRITE, max(nbytes, 4))
+        return buf
+
+    def _launch(self, name: str, n: int, *args):
+        global_size = ((n + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
+        return self._kernels[name](self.queue, (global_size,), (WORK_GROUP,), *args)
+
+    # ------------------------------------------------------------ EpsBackend
+    def allocate(self, layer: int, p: np.ndarray) -> None:
+        cl = self._cl
+        mf = cl.mem_flags
+        p = np.ascontiguousarray(p, dtype=np.float32)
+        n = p.shape[0]
+        bufs = tuple(cl.Buffer(self.context, mf.READ_WRITE, max(4 * n, 4)) for _ in range(3))
+        cl.enqueue_copy(self.queue, bufs[0], p)
+        zeros = np.zeros(n, np.float32)
+        cl.enqueue_copy(self.queue, bufs[1], zeros)
+        cl.enqueue_copy(self.queue, bufs[2], zeros)
+        self.queue.finish()
+        self._state[layer] = bufs
+        self._numel[layer] = n
+
+    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
+             copy_out: np.ndarray) -> bool:
+        cl = self._cl
+        n = self._numel[layer]
+        k = len(grads)
+        gdtype = grads[0].dtype
+        gin = self._buffer(f"g_in.{gdtype.itemsize}", k * n * gdtype.itemsize)
+        for c, g in enumerate(grads):
+            if g.dtype != gdtype or g.shape != (n,):
+                raise ValueError("gradient contributions must share one dtype and shape")
+            cl.enqueue_copy(self.queue, gin, np.ascontiguousarray(g).view(np.uint8),
+                            dst_offset=c * n * gdtype.itemsize, is_blocking=False)
+        g_red = self._buffer("g_red", 4 * n)
+        copy_dev = self._buffer(f"copy.{copy_out.dtype.itemsize}", n * copy_out.dtype.itemsize)
+        flag = np.ones(1, np.int32)
+        cl.enqueue_copy(self.queue, self._flag, flag, is_blocking=False)
+        self._launch(f"eps_reduce_{_SUFFIX[np.dtype(gdtype)]}", n, gin, g_red, self._flag,
+                     np.uint32(n), np.uint32(k), np.float32(scalars.inv_scale))
+        p, m, v = self._state[layer]
+        s = scalars
+        self._launch(f"eps_adamw_{_SUFFIX[copy_out.dtype]}", n, p, m, v, g_red, copy_dev, self._flag,
+                     np.uint32(n), s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step)
+        cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
+        self.queue.finish()
+        if flag[0]:
+            cl.enqueue_copy(self.queue, _bytes_view(copy_out), copy_dev, is_blocking=True)
+        return bool(flag[0])
+
+    def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
+        n = self._numel[layer]
+        copy_dev = self._buffer(f"copy.{copy_out.dtype.itemsize}", n * copy_out.dtype.itemsize)
+        self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], copy_dev, np.uint32(n))
+        self._cl.enqueue_copy(self.queue, _bytes_view(copy_out), copy_dev, is_blocking=True)
+
+    def read_state(self, layer: int):
+        n = self._numel[layer]
+        out = tuple(np.empty(n, np.float32) for _ in range(3))
+        for host, dev in zip(out, self._state[layer]):
+            self._cl.enqueue_copy(self.queue, host, dev, is_blocking=False)
+        self.queue.finish()
+        return out
+
+    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        n = self._numel[layer]
+        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (p, m, v)]
+        for a in arrays:  # check all before writing any
+            if a.shape != (n,):
+                raise ValueError(f"layer {layer}: state of shape {a.shape}, expected ({n},)")
+        for host, dev in zip(arrays, self._state[layer]):
+            self._cl.enqueue_copy(self.queue, dev, host, is_blocking=False)
+        self.queue.finish()
+
+    def close(self) -> None:
+        self.queue.finish()
+
+
+def _bytes_view(a: np.ndarray) -> np.ndarray:
+    """A uint8 view, so pyopencl copies bfloat16 (an ml_dtypes type it does not know) as bytes."""
+    return a.view(np.uint8)

@@ -1,0 +1,53 @@
+"""Training with the OpenCL EPS is training with the NumPy EPS, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from l2l.checkpoint import load_latest
+from l2l.eps import AdamWHyper, NumpyBackend, OpenCLBackend
+from l2l.metrics import read_metrics
+from l2l.models import ModelConfig
+
+from conftest import relay, run_cli, sampler_for
+
+TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
+        "--micro-batches", "2", "--eval-batches", "1", "--no-progress", "--eval-every", "0"]
+
+
+@pytest.mark.parametrize("family", ["gpt", "hf-bert"])
+def test_per_step_losses_and_weights_are_identical(corpus, family):
+    cfg = ModelConfig(family=family, layers=2, d_model=32, heads=2, seq_len=32, dropout=0.1)
+    hyper = AdamWHyper(lr=2e-3)
+    sampler = sampler_for(corpus, cfg, batch_size=8)
+    a = relay(cfg, hyper, micro_batches=4, backend=NumpyBackend())
+    b = relay(cfg, hyper, micro_batches=4, backend=OpenCLBackend())
+    for step in range(8):
+        batch = sampler.batch(step)
+        assert a.train_step(batch, step).loss == b.train_step(batch, step).loss
+    for wa, wb in zip(a.master_weights(), b.master_weights()):
+        assert np.array_equal(wa.view(np.uint32), wb.view(np.uint32))
+
+
+def test_checkpoints_cross_between_numpy_and_opencl(tmp_path):
+    ref, mixed = tmp_path / "ref", tmp_path / "mixed"
+    assert run_cli("train", *TINY, "--steps", "6", "--out", str(ref)).returncode == 0
+    assert run_cli("train", *TINY, "--steps", "3", "--out", str(mixed), "--eps", "opencl",
+                   "--schedule-steps", "6").returncode == 0
+    r = run_cli("train", *TINY, "--steps", "6", "--out", str(mixed), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert [x["loss"] for x in read_metrics(ref / "metrics.jsonl")] == \
+           [x["loss"] for x in read_metrics(mixed / "metrics.jsonl")]
+    want, got = load_latest(ref).tensors, load_latest(mixed).tensors
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_bad_binary_is_one_line_exit_2(tmp_path):
+    junk = tmp_path / "eps.xclbin"
+    junk.write_bytes(b"not a program")
+    r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run"), "--eps", "opencl",
+                "--cl-binary", str(junk))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cl-binary" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+    r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run2"), "--cl-device", "0")
+    assert r.returncode == 2 and "apply to --eps opencl" in r.stderr
