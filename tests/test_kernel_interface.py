@@ -11,16 +11,16 @@ SCALARS = list(StepScalars.names())
 
 def _params(source: str, kernel: str) -> list[str]:
     """Parameter names of ``kernel`` in an OpenCL source written with the EPS_* macros."""
-    macro = {"eps_reduce": "EPS_REDUCE", "eps_adamw": "EPS_ADAMW", "eps_copy": "EPS_COPY"}[kernel]
-    body = re.search(rf"#define {macro}\(SUFFIX, \w+\)(.*?)\{{", source, re.S).group(1)
+    macro = {"eps_check": "EPS_CHECK", "eps_update": "EPS_UPDATE", "eps_copy": "EPS_COPY"}[kernel]
+    body = re.search(rf"#define {macro}\([\w, ]+\)(.*?)\{{", source, re.S).group(1)
     signature = body[body.index("(") + 1:body.rindex(")")]
     return [re.sub(r"[\s\\]+", " ", p).strip().split(" ")[-1].lstrip("*") for p in signature.split(",")]
 
 
 def test_opencl_kernels_follow_the_shared_order():
     src = kernel_source()
-    assert _params(src, "eps_reduce") == ["g", "g_out", "finite", "n", "k", SCALARS[-1]]
-    assert _params(src, "eps_adamw") == ["p", "m", "v", "g", "copy", "finite", "n", *SCALARS[:-1]]
+    assert _params(src, "eps_check") == ["g", "finite", "n", "k", "inv_scale"]
+    assert _params(src, "eps_update") == ["gr", "p", "m", "v", "copy", "finite", "n", "k", *SCALARS]
     assert _params(src, "eps_copy") == ["p", "copy", "n"]
     assert SCALARS == ["decay", "b1", "omb1", "b2", "omb2", "inv_bc2_sqrt", "eps", "neg_step", "inv_scale"]
 

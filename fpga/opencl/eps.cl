@@ -1,110 +1,147 @@
-// l2l eager param-server (EPS) kernels: gradient reduction, AdamW, device copy.
+// l2l eager param-server (EPS) kernels: finite check, fused reduce + AdamW +
+// device copy, and copy alone.
 //
 // Bit-exact with the NumPy golden model (host/l2l/eps/numerics.py) under the
 // contract shared/spec/eps-numerics.md: every operation one binary32 op, round
 // to nearest even, no contraction into FMA, subnormals kept, correctly rounded
 // divide and sqrt. Build with -cl-fp32-correctly-rounded-divide-sqrt and never
-// with -cl-fast-relaxed-math or -cl-denorms-are-zero.
+// with -cl-fast-relaxed-math or -cl-denorms-are-zero. Vector types are used
+// for throughput only: OpenCL vector arithmetic is per-component IEEE.
 //
 // Argument order (fpga/ARGS.md; the same for the HLS and RTL kernels):
-// buffers first, then n (and k for the reduction), then the step scalars in
-// the contract's table order.
+// buffers first, then n and k, then the step scalars in the contract's table
+// order.
 //
-// One work-item handles one element; the work-group vectoriser of the OpenCL
-// compiler (PoCL) or the HLS pipeline of an FPGA compiler turns the loop body
-// into SIMD lanes. Kernels are instantiated per gradient / copy dtype:
-// _f32 (float), _bf16 (bfloat16 bits in ushort), _f16 (binary16 bits in ushort).
+// Work split: work-item j handles elements [8j, 8j + 8) as one float8; the
+// work-item j == n / 8 handles the n % 8 tail element by element. Launch
+// n / 8 + 1 work-items (rounded up to the work-group size).
+//
+// Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
+// bits in ushort) or f16 (binary16 bits in ushort); kernels are instantiated
+// per combination and named eps_update_<G>_<C>, eps_check_<G>, eps_copy_<C>.
 
 #pragma OPENCL FP_CONTRACT OFF
 
-// ---------------------------------------------------------------- conversions
+#define VW 8
 
-inline float widen_f32(__global const float *g, size_t i) { return g[i]; }
-inline float widen_bf16(__global const ushort *g, size_t i) { return as_float(((uint)g[i]) << 16); }
-inline float widen_f16(__global const ushort *g, size_t i) { return vload_half(i, (__global const half *)g); }
+// ---------------------------------------------------------------- widening (exact)
 
-inline void store_f32(__global float *c, size_t i, float x) { c[i] = x; }
-inline void store_bf16(__global ushort *c, size_t i, float x) {
-    uint b = as_uint(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) {            // NaN stays NaN (quiet)
-        c[i] = (ushort)((b >> 16) | 0x0040u);
-    } else {                                          // round to nearest, ties to even
-        c[i] = (ushort)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-    }
+inline float8 wide8_f32(__global const float *g, size_t j) { return vload8(j, g); }
+inline float  wide1_f32(__global const float *g, size_t i) { return g[i]; }
+inline float8 wide8_bf16(__global const ushort *g, size_t j) { return as_float8(convert_uint8(vload8(j, g)) << 16); }
+inline float  wide1_bf16(__global const ushort *g, size_t i) { return as_float(((uint)g[i]) << 16); }
+inline float8 wide8_f16(__global const ushort *g, size_t j) { return vload_half8(j, (__global const half *)g); }
+inline float  wide1_f16(__global const ushort *g, size_t i) { return vload_half(i, (__global const half *)g); }
+
+// ---------------------------------------------------------------- device copy (round to nearest even)
+
+inline void store8_f32(__global float *c, size_t j, float8 x) { vstore8(x, j, c); }
+inline void store1_f32(__global float *c, size_t i, float x) { c[i] = x; }
+inline void store8_bf16(__global ushort *c, size_t j, float8 x) {
+    const uint8 b = as_uint8(x);
+    const uint8 rounded = (b + (uint8)0x7fffu + ((b >> 16) & (uint8)1u)) >> 16;
+    const uint8 quiet_nan = (b >> 16) | (uint8)0x0040u;        // NaN stays NaN
+    vstore8(convert_ushort8(select(rounded, quiet_nan, (b & (uint8)0x7fffffffu) > (uint8)0x7f800000u)), j, c);
 }
-inline void store_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(x, i, (__global half *)c); }
-
-// ---------------------------------------------------------------- reduction
-// g_out[i] = ((g[0][i] + g[1][i]) + ... + g[k-1][i]) * inv_scale; the k
-// contributions lie one after another in `g` (k * n elements). `finite` is set
-// to 1 by the host before the launch; any non-finite result clears it.
-
-#define EPS_REDUCE(SUFFIX, GT)                                                        \
-__kernel void eps_reduce_##SUFFIX(__global const GT *g, __global float *g_out,       \
-                                  __global int *finite, const uint n, const uint k,   \
-                                  const float inv_scale) {                           \
-    const size_t i = get_global_id(0);                                                \
-    if (i >= n) return;                                                               \
-    float acc = widen_##SUFFIX(g, i);                                                 \
-    for (uint c = 1; c < k; ++c) acc = acc + widen_##SUFFIX(g, (size_t)c * n + i);    \
-    const float r = acc * inv_scale;                                                  \
-    g_out[i] = r;                                                                     \
-    if (!isfinite(r)) *finite = 0;                                                    \
+inline void store1_bf16(__global ushort *c, size_t i, float x) {
+    const uint b = as_uint(x);
+    c[i] = (ushort)(((b & 0x7fffffffu) > 0x7f800000u) ? ((b >> 16) | 0x0040u)
+                                                      : ((b + 0x7fffu + ((b >> 16) & 1u)) >> 16));
 }
+inline void store8_f16(__global ushort *c, size_t j, float8 x) { vstore_half8_rte(x, j, (__global half *)c); }
+inline void store1_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(x, i, (__global half *)c); }
 
-EPS_REDUCE(f32, float)
-EPS_REDUCE(bf16, ushort)
-EPS_REDUCE(f16, ushort)
+// ---------------------------------------------------------------- AdamW on one vector / element
+// The contract's order: every parenthesised product and each sum rounded on its own.
 
-// ---------------------------------------------------------------- AdamW + copy
-// In place on p, m, v from the reduced gradient g, then the device copy of p'.
-// A layer whose finite flag is 0 is left untouched.
+#define ADAMW_BODY(T)                                                                  \
+    const T p1 = p0 * decay;                                                           \
+    const T m1 = (b1 * m0) + (omb1 * g);                                               \
+    const T v1 = (b2 * v0) + (omb2 * (g * g));                                         \
+    const T d = (sqrt(v1) * inv_bc2_sqrt) + eps;                                       \
+    const T p2 = p1 + (neg_step * (m1 / d));
 
-#define EPS_ADAMW(SUFFIX, CT)                                                         \
-__kernel void eps_adamw_##SUFFIX(__global float *p, __global float *m,               \
-                                 __global float *v, __global const float *g,          \
-                                 __global CT *copy, __global const int *finite,       \
-                                 const uint n,                                        \
-                                 const float decay, const float b1, const float omb1, \
-                                 const float b2, const float omb2,                    \
-                                 const float inv_bc2_sqrt, const float eps,           \
-                                 const float neg_step) {                              \
-    const size_t i = get_global_id(0);                                                \
-    if (i >= n || *finite == 0) return;                                               \
-    const float gi = g[i];                                                            \
-    const float p1 = p[i] * decay;                                                    \
-    const float t1 = b1 * m[i];                                                       \
-    const float t2 = omb1 * gi;                                                       \
-    const float m1 = t1 + t2;                                                         \
-    const float gg = gi * gi;                                                         \
-    const float t3 = omb2 * gg;                                                       \
-    const float t4 = b2 * v[i];                                                       \
-    const float v1 = t4 + t3;                                                         \
-    const float s = sqrt(v1);                                                         \
-    const float s1 = s * inv_bc2_sqrt;                                                \
-    const float d = s1 + eps;                                                         \
-    const float q = m1 / d;                                                           \
-    const float u = neg_step * q;                                                     \
-    const float p2 = p1 + u;                                                          \
-    p[i] = p2;                                                                        \
-    m[i] = m1;                                                                        \
-    v[i] = v1;                                                                        \
-    store_##SUFFIX(copy, i, p2);                                                      \
+// ---------------------------------------------------------------- finite check
+// Clears *finite (set to 1 by the host) when any reduced gradient element
+// ((g_0 + g_1) + ... + g_{k-1}) * inv_scale is inf or NaN. Reads the gradients
+// only: the update pass recomputes the sum instead of storing it.
+
+#define EPS_CHECK(G, GT)                                                               \
+__kernel void eps_check_##G(__global const GT *g, __global int *finite,                \
+                            const uint n, const uint k, const float inv_scale) {        \
+    const size_t j = get_global_id(0), nv = n / VW;                                    \
+    if (j < nv) {                                                                      \
+        float8 acc = wide8_##G(g, j);                                                  \
+        for (uint c = 1; c < k; ++c) acc = acc + wide8_##G(g + (size_t)c * n, j);       \
+        if (any(isfinite(acc * inv_scale) == 0)) *finite = 0;                          \
+    } else if (j == nv) {                                                              \
+        for (size_t i = nv * VW; i < n; ++i) {                                          \
+            float acc = wide1_##G(g, i);                                               \
+            for (uint c = 1; c < k; ++c) acc = acc + wide1_##G(g, (size_t)c * n + i);  \
+            if (!isfinite(acc * inv_scale)) *finite = 0;                               \
+        }                                                                              \
+    }                                                                                  \
 }
 
-EPS_ADAMW(f32, float)
-EPS_ADAMW(bf16, ushort)
-EPS_ADAMW(f16, ushort)
+EPS_CHECK(f32, float)
+EPS_CHECK(bf16, ushort)
+EPS_CHECK(f16, ushort)
+
+// ---------------------------------------------------------------- update
+// One pass: reduce the k contributions, AdamW in place on p, m, v, write the
+// device copy of p'. Does nothing when *finite is 0 (the layer is untouched).
+
+#define EPS_UPDATE(G, GT, C, CT)                                                       \
+__kernel void eps_update_##G##_##C(                                                    \
+        __global const GT *gr, __global float *p, __global float *m,                  \
+        __global float *v, __global CT *copy, __global const int *finite,               \
+        const uint n, const uint k,                                                    \
+        const float decay, const float b1, const float omb1, const float b2,           \
+        const float omb2, const float inv_bc2_sqrt, const float eps,                    \
+        const float neg_step, const float inv_scale) {                                  \
+    if (*finite == 0) return;                                                          \
+    const size_t j = get_global_id(0), nv = n / VW;                                    \
+    if (j < nv) {                                                                      \
+        float8 acc = wide8_##G(gr, j);                                                 \
+        for (uint c = 1; c < k; ++c) acc = acc + wide8_##G(gr + (size_t)c * n, j);      \
+        const float8 g = acc * inv_scale;                                              \
+        const float8 p0 = vload8(j, p), m0 = vload8(j, m), v0 = vload8(j, v);          \
+        ADAMW_BODY(float8)                                                             \
+        vstore8(p2, j, p); vstore8(m1, j, m); vstore8(v1, j, v);                       \
+        store8_##C(copy, j, p2);                                                       \
+    } else if (j == nv) {                                                              \
+        for (size_t i = nv * VW; i < n; ++i) {                                          \
+            float acc = wide1_##G(gr, i);                                              \
+            for (uint c = 1; c < k; ++c) acc = acc + wide1_##G(gr, (size_t)c * n + i); \
+            const float g = acc * inv_scale;                                           \
+            const float p0 = p[i], m0 = m[i], v0 = v[i];                               \
+            ADAMW_BODY(float)                                                          \
+            p[i] = p2; m[i] = m1; v[i] = v1;                                           \
+            store1_##C(copy, i, p2);                                                   \
+        }                                                                              \
+    }                                                                                  \
+}
+
+#define EPS_UPDATE_ALL_COPIES(G, GT)                                                   \
+    EPS_UPDATE(G, GT, f32, float)                                                      \
+    EPS_UPDATE(G, GT, bf16, ushort)                                                    \
+    EPS_UPDATE(G, GT, f16, ushort)
+
+EPS_UPDATE_ALL_COPIES(f32, float)
+EPS_UPDATE_ALL_COPIES(bf16, ushort)
+EPS_UPDATE_ALL_COPIES(f16, ushort)
 
 // ---------------------------------------------------------------- copy only
 // The device copy of the current master weights (after allocate or load).
 
-#define EPS_COPY(SUFFIX, CT)                                                          \
-__kernel void eps_copy_##SUFFIX(__global const float *p, __global CT *copy,          \
-                                const uint n) {                                       \
-    const size_t i = get_global_id(0);                                                \
-    if (i >= n) return;                                                               \
-    store_##SUFFIX(copy, i, p[i]);                                                    \
+#define EPS_COPY(C, CT)                                                                \
+__kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uint n) {  \
+    const size_t j = get_global_id(0), nv = n / VW;                                    \
+    if (j < nv) {                                                                      \
+        store8_##C(copy, j, vload8(j, p));                                             \
+    } else if (j == nv) {                                                              \
+        for (size_t i = nv * VW; i < n; ++i) store1_##C(copy, i, p[i]);                \
+    }                                                                                  \
 }
 
 EPS_COPY(f32, float)

@@ -32,7 +32,8 @@ class EpsBackend(ABC):
     @abstractmethod
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
-        """Reduce ``grads``, and if all finite update the layer and write its device copy.
+        """Reduce ``grads`` (K arrays of n, or one (K, n) array), and if all finite
+        update the layer and write its device copy.
 
         Returns the finite flag; when False nothing of the layer changed.
         """

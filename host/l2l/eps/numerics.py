@@ -26,8 +26,11 @@ GRAD_DTYPES = COPY_DTYPES
 
 
 def reduce_gradients(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray) -> bool:
-    """``out = (g_0 + g_1 + ... + g_{K-1}) * inv_scale``, left fold; True when all finite."""
-    if not grads:
+    """``out = (g_0 + g_1 + ... + g_{K-1}) * inv_scale``, left fold; True when all finite.
+
+    ``grads`` is a sequence of K arrays of n elements, or one (K, n) array.
+    """
+    if len(grads) == 0:
         raise ValueError("at least one gradient contribution")
     with np.errstate(all="ignore"):  # inf/NaN are data here: the flag reports them
         return _reduce(grads, inv_scale, out)

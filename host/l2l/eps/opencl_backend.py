@@ -31,6 +31,7 @@ BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
                 "or 'pip install pocl-binary-distribution'")
 WORK_GROUP = 256
+VECTOR = 8  # elements per work-item (VW in eps.cl)
 
 _SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["fp16"]: "f16"}
 
@@ -110,6 +111,10 @@ class OpenCLBackend(EpsBackend):
         self._numel: dict[int, int] = {}
         self._scratch: dict[str, object] = {}
         self._flag = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, 4)
+        # On a CPU device the "device memory" is host memory: gradients and the
+        # device copy are used in place instead of being copied through buffers.
+        self._zero_copy = bool(self.device.type & cl.device_type.CPU)
+        self._host_buffers: dict[tuple[int, int], object] = {}
 
     # ------------------------------------------------------------ program
     def _build(self, binary: str | None):
@@ -139,9 +144,42 @@ class OpenCLBackend(EpsBackend):
             buf = self._scratch[key] = self._cl.Buffer(self.context, self._cl.mem_flags.READ_WRITE, max(nbytes, 4))
         return buf
 
+    def _host_buffer(self, a: np.ndarray):
+        """A buffer over host memory ``a`` without a copy (CPU devices), cached per array."""
+        key = (a.ctypes.data, a.nbytes)
+        buf = self._host_buffers.pop(key, None)
+        if buf is None:
+            buf = self._cl.Buffer(self.context, self._cl.mem_flags.READ_WRITE | self._cl.mem_flags.USE_HOST_PTR,
+                                  hostbuf=a.view(np.uint8).reshape(-1))
+        self._host_buffers[key] = buf  # most recent last
+        while len(self._host_buffers) > 64:
+            self._host_buffers.pop(next(iter(self._host_buffers)))
+        return buf
+
     def _launch(self, name: str, n: int, *args):
-        global_size = ((n + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
+        items = n // VECTOR + 1
+        global_size = ((items + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
         return self._kernels[name](self.queue, (global_size,), (WORK_GROUP,), *args)
+
+    def _gradients_in(self, grads) -> tuple[object, int, np.dtype]:
+        """The K contributions as one device buffer, back to back; (buffer, k, dtype)."""
+        cl = self._cl
+        if isinstance(grads, np.ndarray) and grads.ndim == 2:
+            block = grads
+        else:
+            block = None
+            if len({(g.dtype, g.shape) for g in grads}) != 1:
+                raise ValueError("gradient contributions must share one dtype and shape")
+        k = len(grads)
+        dtype = grads[0].dtype
+        if block is not None and block.flags.c_contiguous and self._zero_copy:
+            return self._host_buffer(block), k, dtype
+        n = grads[0].shape[0]
+        buf = self._buffer(f"g_in.{dtype.itemsize}", k * n * dtype.itemsize)
+        for c, g in enumerate(grads):
+            cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(g).view(np.uint8),
+                            dst_offset=c * n * dtype.itemsize, is_blocking=False)
+        return buf, k, dtype
 
     # ------------------------------------------------------------ EpsBackend
     def allocate(self, layer: int, p: np.ndarray) -> None:
@@ -162,35 +200,43 @@ class OpenCLBackend(EpsBackend):
              copy_out: np.ndarray) -> bool:
         cl = self._cl
         n = self._numel[layer]
-        k = len(grads)
-        gdtype = grads[0].dtype
-        gin = self._buffer(f"g_in.{gdtype.itemsize}", k * n * gdtype.itemsize)
-        for c, g in enumerate(grads):
-            if g.dtype != gdtype or g.shape != (n,):
-                raise ValueError("gradient contributions must share one dtype and shape")
-            cl.enqueue_copy(self.queue, gin, np.ascontiguousarray(g).view(np.uint8),
-                            dst_offset=c * n * gdtype.itemsize, is_blocking=False)
-        g_red = self._buffer("g_red", 4 * n)
-        copy_dev = self._buffer(f"copy.{copy_out.dtype.itemsize}", n * copy_out.dtype.itemsize)
+        gbuf, k, gdtype = self._gradients_in(grads)
+        if grads[0].shape != (n,):
+            raise ValueError(f"gradient of shape {grads[0].shape}, expected ({n},)")
         flag = np.ones(1, np.int32)
         cl.enqueue_copy(self.queue, self._flag, flag, is_blocking=False)
-        self._launch(f"eps_reduce_{_SUFFIX[np.dtype(gdtype)]}", n, gin, g_red, self._flag,
-                     np.uint32(n), np.uint32(k), np.float32(scalars.inv_scale))
+        g, c, s = _SUFFIX[np.dtype(gdtype)], _SUFFIX[copy_out.dtype], scalars
+        self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale)
+        copy_dev = self._copy_target(copy_out)
         p, m, v = self._state[layer]
-        s = scalars
-        self._launch(f"eps_adamw_{_SUFFIX[copy_out.dtype]}", n, p, m, v, g_red, copy_dev, self._flag,
-                     np.uint32(n), s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step)
+        self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, copy_dev, self._flag, np.uint32(n), np.uint32(k),
+                     s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale)
         cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
-        self.queue.finish()
-        if flag[0]:
-            cl.enqueue_copy(self.queue, _bytes_view(copy_out), copy_dev, is_blocking=True)
+        self._copy_back(copy_dev, copy_out, wanted=None)
         return bool(flag[0])
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
-        copy_dev = self._buffer(f"copy.{copy_out.dtype.itemsize}", n * copy_out.dtype.itemsize)
+        copy_dev = self._copy_target(copy_out)
         self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], copy_dev, np.uint32(n))
-        self._cl.enqueue_copy(self.queue, _bytes_view(copy_out), copy_dev, is_blocking=True)
+        self._copy_back(copy_dev, copy_out, wanted=None)
+
+    def _copy_target(self, copy_out: np.ndarray):
+        if self._zero_copy and copy_out.flags.c_contiguous:
+            return self._host_buffer(copy_out)
+        return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes)
+
+    def _copy_back(self, copy_dev, copy_out: np.ndarray, wanted) -> None:
+        """Make the device copy visible in ``copy_out`` and wait for the queue."""
+        if self._zero_copy and copy_out.flags.c_contiguous:
+            # map/unmap: the spec's way to hand a USE_HOST_PTR buffer back to the host
+            mapped, _ = self._cl.enqueue_map_buffer(self.queue, copy_dev, self._cl.map_flags.READ, 0,
+                                                    (copy_out.nbytes,), np.uint8)
+            mapped.base.release()
+            self.queue.finish()
+        else:
+            self.queue.finish()
+            self._cl.enqueue_copy(self.queue, _bytes_view(copy_out), copy_dev, is_blocking=True)
 
     def read_state(self, layer: int):
         n = self._numel[layer]

@@ -51,7 +51,7 @@ class EagerParamServer:
         self._numel: dict[int, int] = {}
         self._steps: dict[int, int] = {}
         self._copies: dict[int, np.ndarray] = {}
-        self._inboxes: dict[tuple[int, int], np.ndarray] = {}
+        self._inboxes: dict[int, np.ndarray] = {}  # layer -> (contributors, n) block
         self._arrived: dict[int, dict[int, Callable[[], None] | None]] = {}
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -89,11 +89,15 @@ class EagerParamServer:
         return self._copies[layer]
 
     def gradient_inbox(self, layer: int, contributor: int = 0) -> np.ndarray:
-        """Host buffer where ``contributor`` writes the layer's gradient (reused every step)."""
-        key = (layer, contributor)
-        if key not in self._inboxes:
-            self._inboxes[key] = self._alloc(self._numel[layer], self.grad_dtype)
-        return self._inboxes[key]
+        """Host buffer where ``contributor`` writes the layer's gradient (reused every step).
+
+        The contributors' inboxes of a layer are the rows of one (contributors, n)
+        block, so a backend can take all K contributions as one buffer.
+        """
+        if layer not in self._inboxes:
+            n = self._numel[layer]
+            self._inboxes[layer] = self._alloc(self.contributors * n, self.grad_dtype).reshape(self.contributors, n)
+        return self._inboxes[layer][contributor]
 
     def push_gradient(self, layer: int, contributor: int = 0, *, divisor: float,
                       loss_scale: float = 1.0, ready: Callable[[], None] | None = None) -> None:
@@ -144,8 +148,8 @@ class EagerParamServer:
             start = time.perf_counter()
             t = self._steps[layer] + 1
             scalars = StepScalars.compute(hyper, t, loss_scale, divisor)
-            grads = [self._inboxes[(layer, k)] for k in range(self.contributors)]
-            finite = self.backend.step(layer, grads, scalars, self._copies[layer])
+            self.gradient_inbox(layer)  # allocated even if no contributor asked for it
+            finite = self.backend.step(layer, self._inboxes[layer], scalars, self._copies[layer])
             if finite:
                 self._steps[layer] = t
             self.update_seconds += time.perf_counter() - start
