@@ -51,3 +51,15 @@ def test_bad_binary_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
     r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run2"), "--cl-device", "0")
     assert r.returncode == 2 and "apply to --eps opencl" in r.stderr
+
+
+def test_program_binary_through_the_cli_trains_identically(tmp_path):
+    binary = tmp_path / "eps.bin"
+    r = run_cli("opencl-binary", "--out", str(binary))
+    assert r.returncode == 0 and binary.stat().st_size > 0, r.stderr
+    ref, loaded = tmp_path / "ref", tmp_path / "loaded"
+    assert run_cli("train", *TINY, "--steps", "3", "--out", str(ref)).returncode == 0
+    r = run_cli("train", *TINY, "--steps", "3", "--out", str(loaded), "--eps", "opencl", "--cl-binary", str(binary))
+    assert r.returncode == 0, r.stderr
+    assert [x["loss"] for x in read_metrics(ref / "metrics.jsonl")] == \
+           [x["loss"] for x in read_metrics(loaded / "metrics.jsonl")]

@@ -72,6 +72,18 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _cmd_opencl_binary(args) -> int:
+    """Build the EPS kernels for an OpenCL device and save the program binary (what
+    --cl-binary loads; FPGA cards get theirs from the vendor compiler instead)."""
+    from pathlib import Path
+
+    from .eps.opencl_backend import OpenCLBackend
+    backend = OpenCLBackend(platform=args.cl_platform, device=args.cl_device)
+    Path(args.out).write_bytes(backend.program_binary())
+    print(f"wrote {args.out} for {backend.device.name.strip()} ({Path(args.out).stat().st_size:,} bytes)")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     if args.what == "eps":
         from .bench_eps import run_eps_bench
@@ -85,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
     sub.add_parser("info", help="torch version, devices and the EPS backends usable here")
+    o = sub.add_parser("opencl-binary", help="build the OpenCL EPS kernels and save the program binary")
+    o.add_argument("--out", required=True, help="file to write (then: l2l train --eps opencl --cl-binary FILE)")
+    o.add_argument("--cl-platform", default=None)
+    o.add_argument("--cl-device", default=None)
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput)")
     b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see `l2l bench relay --help`)")
@@ -94,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        handler = {"train": _cmd_train, "info": _cmd_info, "bench": _cmd_bench}[args.command]
+        handler = {"train": _cmd_train, "info": _cmd_info, "bench": _cmd_bench,
+                   "opencl-binary": _cmd_opencl_binary}[args.command]
         return handler(args)
     except UserError as exc:
         print(f"l2l: error: {exc}", file=sys.stderr)

@@ -212,21 +212,21 @@ class OpenCLBackend(EpsBackend):
         self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, copy_dev, self._flag, np.uint32(n), np.uint32(k),
                      s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale)
         cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
-        self._copy_back(copy_dev, copy_out, wanted=None)
+        self._copy_back(copy_dev, copy_out)
         return bool(flag[0])
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
         copy_dev = self._copy_target(copy_out)
         self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], copy_dev, np.uint32(n))
-        self._copy_back(copy_dev, copy_out, wanted=None)
+        self._copy_back(copy_dev, copy_out)
 
     def _copy_target(self, copy_out: np.ndarray):
         if self._zero_copy and copy_out.flags.c_contiguous:
             return self._host_buffer(copy_out)
         return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes)
 
-    def _copy_back(self, copy_dev, copy_out: np.ndarray, wanted) -> None:
+    def _copy_back(self, copy_dev, copy_out: np.ndarray) -> None:
         """Make the device copy visible in ``copy_out`` and wait for the queue."""
         if self._zero_copy and copy_out.flags.c_contiguous:
             # map/unmap: the spec's way to hand a USE_HOST_PTR buffer back to the host
