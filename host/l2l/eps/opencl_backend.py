@@ -152,7 +152,7 @@ class OpenCLBackend(EpsBackend):
             buf = self._cl.Buffer(self.context, self._cl.mem_flags.READ_WRITE | self._cl.mem_flags.USE_HOST_PTR,
                                   hostbuf=a.view(np.uint8).reshape(-1))
         self._host_buffers[key] = buf  # most recent last
-        while len(self._host_buffers) > 64:
+        while len(self._host_buffers) > 1024:  # the EPS's own long-lived inboxes and copies
             self._host_buffers.pop(next(iter(self._host_buffers)))
         return buf
 
