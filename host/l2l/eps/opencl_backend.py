@@ -207,36 +207,41 @@ class OpenCLBackend(EpsBackend):
         cl.enqueue_copy(self.queue, self._flag, flag, is_blocking=False)
         g, c, s = _SUFFIX[np.dtype(gdtype)], _SUFFIX[copy_out.dtype], scalars
         self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale)
-        copy_dev = self._copy_target(copy_out)
+        target = self._copy_target(copy_out)
         p, m, v = self._state[layer]
-        self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, copy_dev, self._flag, np.uint32(n), np.uint32(k),
+        self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n), np.uint32(k),
                      s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale)
-        cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
-        self._copy_back(copy_dev, copy_out)
+        cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=True)
+        if flag[0]:
+            self._copy_back(target, copy_out)
         return bool(flag[0])
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
-        copy_dev = self._copy_target(copy_out)
-        self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], copy_dev, np.uint32(n))
-        self._copy_back(copy_dev, copy_out)
+        target = self._copy_target(copy_out)
+        self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], target[0], np.uint32(n))
+        self._copy_back(target, copy_out)
 
     def _copy_target(self, copy_out: np.ndarray):
+        """(device buffer the kernel writes the copy into, whether it wraps ``copy_out`` itself)."""
         if self._zero_copy and copy_out.flags.c_contiguous:
-            return self._host_buffer(copy_out)
-        return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes)
+            return self._host_buffer(copy_out), True
+        return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes), False
 
-    def _copy_back(self, copy_dev, copy_out: np.ndarray) -> None:
-        """Make the device copy visible in ``copy_out`` and wait for the queue."""
-        if self._zero_copy and copy_out.flags.c_contiguous:
+    def _copy_back(self, target, copy_out: np.ndarray) -> None:
+        """Make the device copy visible in ``copy_out``; waits for the queue."""
+        copy_dev, wrapped = target
+        if wrapped:
             # map/unmap: the spec's way to hand a USE_HOST_PTR buffer back to the host
             mapped, _ = self._cl.enqueue_map_buffer(self.queue, copy_dev, self._cl.map_flags.READ, 0,
                                                     (copy_out.nbytes,), np.uint8)
             mapped.base.release()
             self.queue.finish()
-        else:
-            self.queue.finish()
-            self._cl.enqueue_copy(self.queue, _bytes_view(copy_out), copy_dev, is_blocking=True)
+            return
+        dense = copy_out if copy_out.flags.c_contiguous else np.empty_like(copy_out, order="C")
+        self._cl.enqueue_copy(self.queue, _bytes_view(dense), copy_dev, is_blocking=True)
+        if dense is not copy_out:  # e.g. a strided view
+            copy_out[...] = dense
 
     def read_state(self, layer: int):
         n = self._numel[layer]
