@@ -41,6 +41,7 @@ def _reduce(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray)
     for g in grads:
         if g.shape != (n,):
             raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
+    finite = True
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         acc = out[lo:hi]
@@ -48,7 +49,8 @@ def _reduce(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray)
         for g in grads[1:]:
             np.add(acc, g[lo:hi], out=acc, dtype=np.float32, casting="unsafe")
         np.multiply(acc, inv_scale, out=acc)
-    return bool(np.isfinite(out).all())
+        finite = finite and bool(np.isfinite(acc).all())  # while the chunk is in cache
+    return finite
 
 
 class _Scratch:

@@ -1,0 +1,345 @@
+"""``l2l bench eps``: elements per second of one full EPS layer update, against memory bandwidth.
+
+One update is what the EPS does per layer: reduce K gradient contributions
+(sum, scale, finite check), AdamW on fp32 ``p, m, v``, and the device copy in
+the copy dtype. It is memory-bound on any CPU, so every method is reported
+with the bytes per element it moves (counted from its implementation, per
+method), the bandwidth that implies, and the fraction of this machine's
+bandwidth roofline measured in the same run, plus the ratio to torch's fused
+CPU AdamW doing the same job. Peers: torch.optim.AdamW(fused=True) and, when
+importable, DeepSpeedCPUAdam (never a dependency).
+
+All methods and the bandwidth kernels are stepped in turn, round by round, so
+that drift in the machine's speed (other load, clocks) falls on all alike;
+the figure is the median of the timed rounds after the warm-up rounds.
+
+Byte convention (STREAM's): bytes the code reads plus bytes it writes; the
+read-for-ownership a store to a line not yet in cache adds (write-allocate)
+is not counted anywhere. The roofline is the best kernel, in practice an
+in-place one that pays no such read, as AdamW's stores to p, m, v do not; a
+method's stores to separate outputs (reduced gradient, device copy, staging
+buffers) do pay it, uncounted, which lowers its fraction a little.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .eps import BACKENDS, AdamWHyper, StepScalars, make_backend
+from .eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from .errors import UserError
+
+_TORCH_DTYPES = {COPY_DTYPES["fp32"]: torch.float32, COPY_DTYPES["bf16"]: torch.bfloat16,
+                 COPY_DTYPES["fp16"]: torch.float16}
+
+
+@dataclass
+class Method:
+    """One timed thing: a full update (or a part, or a bandwidth kernel) and its byte count."""
+
+    key: str
+    label: str
+    threads: str
+    bytes_per_elem: float = 0.0
+    counted: str = ""
+    run: Callable[[], None] | None = None
+    status: str = "ok"
+    times: list[float] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- inputs
+
+def _as_torch(a: np.ndarray) -> torch.Tensor:
+    """A zero-copy torch view of a NumPy array (bfloat16 goes through its bits)."""
+    if a.dtype == GRAD_DTYPES["bf16"]:
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _inputs(n: int, k: int, gdtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Initial weights and K distinct gradient contributions (distinct, so each is really read),
+    as one (K, n) block: the layout of the EPS server's gradient inboxes."""
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(n, dtype=np.float32)
+    grads = (rng.standard_normal((k, n), dtype=np.float32) * np.float32(1e-3)).astype(gdtype)
+    return p0, grads
+
+
+# ---------------------------------------------------------------- EPS backends
+
+def _eps_bytes(name: str, k: int, gs: int, cs: int) -> tuple[float, str]:
+    """Bytes per element the backend's step moves, read off its implementation."""
+    if name == "numpy":
+        note = (f"grads read {k}x{gs}; reduced g written 4 (finite check per chunk, in cache); "
+                f"AdamW reads p,m,v,g 16, writes p,m,v 12; copy written {cs} (chunked: the rest stays in cache)")
+        return k * gs + 4 + 16 + 12 + cs, note
+    if name == "opencl":
+        note = (f"CPU device, zero-copy host buffers: check kernel reads grads {k}x{gs}; update kernel reads "
+                f"grads {k}x{gs} + p,m,v 12, writes p,m,v 12 and the copy {cs}")
+        return 2 * k * gs + 24 + cs, note
+    return k * gs + 24 + cs, "algorithmic minimum (implementation not inspected)"
+
+
+def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> tuple[list[Method], list]:
+    """One Method per registered EPS backend, timing ``step()`` as the EPS calls it per layer."""
+    methods, opened = [], []
+    k, gs, cs = len(grads), grads[0].dtype.itemsize, copy_dtype.itemsize
+    for name, cls in BACKENDS.items():
+        ok, why = cls.availability()
+        threads = "1" if name == "numpy" else "?"
+        if not ok:
+            methods.append(Method(name, f"EPS {name}", threads, status=f"unavailable: {why}"))
+            continue
+        backend = make_backend(name)
+        opened.append(backend)
+        backend.allocate(0, p0)
+        device = getattr(backend, "device", None)
+        if device is not None and hasattr(device, "max_compute_units"):
+            threads = f"{device.max_compute_units} (OpenCL CUs)"
+        copy_out = np.zeros(p0.shape[0], copy_dtype)
+        counter = itertools.count(1)
+
+        def run(backend=backend, copy_out=copy_out, counter=counter):
+            scalars = StepScalars.compute(hyper, next(counter), divisor=1.0 / inv_scale)
+            if not backend.step(0, grads, scalars, copy_out):
+                raise RuntimeError("benchmark gradients were not finite")
+
+        nbytes, counted = _eps_bytes(name, k, gs, cs)
+        methods.append(Method(name, f"EPS {name}: step()", threads, nbytes, counted, run))
+    return methods, opened
+
+
+# ---------------------------------------------------------------- torch-style optimizers
+
+def _optimizer_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float,
+                       deepspeed: bool = True) -> list[Method]:
+    """torch fused AdamW (and DeepSpeedCPUAdam when importable) doing the EPS's whole job.
+
+    The job around the optimizer step is written the plain torch way: the
+    reduce as whole-tensor passes, the scale and the finite check the contract
+    asks for in one pass (GradScaler's op: ``torch.isfinite(g).all()`` is
+    several times slower than the whole update on CPU), then the cast to the
+    copy dtype. Each pass is counted.
+    """
+    n, k = p0.shape[0], len(grads)
+    gs, cs = grads[0].dtype.itemsize, copy_dtype.itemsize
+    tgrads = [_as_torch(g) for g in grads]
+    scale = torch.tensor(inv_scale, dtype=torch.float32)
+    found_inf = torch.zeros(1)
+    around = (gs + 4) + (k - 1) * (gs + 8) + 8 + 4 + cs
+    around_note = (f"reduce copy_ reads {gs} writes 4" + (f", {k - 1} add_ read {gs}+4 write 4" if k > 1 else "")
+                   + f"; unscale+check in place reads 4 writes 4; cast reads p 4, writes {cs}")
+    threads = str(torch.get_num_threads())
+
+    def full_job(opt, p, gbuf, copy):
+        @torch.no_grad()
+        def run():
+            gbuf.copy_(tgrads[0])  # widens bf16/fp16 exactly
+            for g in tgrads[1:]:
+                gbuf.add_(g)
+            found_inf.zero_()  # GradScaler's own one-pass scale and inf/NaN check
+            torch._amp_foreach_non_finite_check_and_unscale_([gbuf], found_inf, scale)
+            if found_inf.item():
+                raise RuntimeError("benchmark gradients were not finite")
+            opt.step()
+            copy.copy_(p)
+        return run
+
+    def tensors():
+        p = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+        p.grad = torch.zeros(n, dtype=torch.float32)
+        return p, p.grad, torch.empty(n, dtype=_TORCH_DTYPES[copy_dtype])
+
+    kw = {"lr": hyper.lr, "betas": (hyper.beta1, hyper.beta2), "eps": hyper.eps, "weight_decay": hyper.weight_decay}
+    step_note = "step reads p,m,v,g 16, writes p,m,v 12"
+    p, gbuf, copy = tensors()
+    opt = torch.optim.AdamW([p], fused=True, **kw)
+    methods = [
+        Method("torch-fused", "torch AdamW(fused) + reduce + check + cast", threads, 28 + around,
+               f"{step_note}; {around_note}", full_job(opt, p, gbuf, copy)),
+        Method("torch-fused-step", "torch AdamW(fused) step alone", threads, 28.0, step_note, opt.step),
+    ]
+    label = "DeepSpeedCPUAdam + reduce + check + cast"
+    if not deepspeed:
+        methods.append(Method("deepspeed-cpu-adam", label, "-", status="skipped"))
+        return methods
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        p, gbuf, copy = tensors()
+        ds = DeepSpeedCPUAdam([p], adamw_mode=True, **kw)
+        ds.step()  # builds or loads its extension: fail here, not mid-benchmark
+    except ImportError:
+        methods.append(Method("deepspeed-cpu-adam", label, "-", status="not installed"))
+        return methods
+    except Exception as exc:  # noqa: BLE001 -- a peer that fails to load is reported, not fatal
+        methods.append(Method("deepspeed-cpu-adam", label, "-", status=f"unusable: {exc}"))
+        return methods
+    methods.append(Method("deepspeed-cpu-adam", label, threads, 28 + around,
+                          f"{step_note}; {around_note}", full_job(ds, p, gbuf, copy)))
+    return methods
+
+
+# ---------------------------------------------------------------- roofline
+
+def _stream_methods(n: int) -> list[Method]:
+    """STREAM-like kernels over fp32 arrays of the layer's size: the bandwidth roofline.
+
+    NumPy runs on one thread and torch on all of its threads; the best of them
+    is taken as what this machine can move. The in-place kernels store to lines
+    they have just read, as AdamW does to p, m, v, so they pay no write-allocate
+    read; the out-of-place ones do, uncounted.
+    """
+    a, b, c = (np.full(n, 1.0, np.float32) for _ in range(3))
+    ta, tb, tc = (torch.from_numpy(x) for x in (a, b, c))
+    nt = str(torch.get_num_threads())
+    return [
+        Method("numpy-copy", "np.copyto(b, a)", "1", 8.0, "read 4, write 4", lambda: np.copyto(b, a)),
+        Method("numpy-add", "np.add(a, b, out=c)", "1", 12.0, "read 8, write 4", lambda: np.add(a, b, out=c)),
+        Method("numpy-add-inplace", "np.add(a, b, out=a)", "1", 12.0, "read 8, write 4",
+               lambda: np.add(a, b, out=a)),
+        Method("torch-copy", "b.copy_(a)", nt, 8.0, "read 4, write 4", lambda: tb.copy_(ta)),
+        Method("torch-add", "torch.add(a, b, out=c)", nt, 12.0, "read 8, write 4",
+               lambda: torch.add(ta, tb, out=tc)),
+        Method("torch-add-inplace", "a.add_(b)", nt, 12.0, "read 8, write 4", lambda: ta.add_(tb)),
+    ]
+
+
+# ---------------------------------------------------------------- timing and report
+
+def _time_in_turn(methods: list[Method], warmup: int, repeats: int) -> None:
+    runnable = [m for m in methods if m.run is not None]
+    for round_ in range(warmup + repeats):
+        for m in runnable:
+            t0 = time.perf_counter()
+            m.run()
+            dt = time.perf_counter() - t0
+            if round_ >= warmup:
+                m.times.append(dt)
+
+
+def _row(m: Method, n: int) -> dict:
+    row = {"method": m.key, "label": m.label, "status": m.status, "threads": m.threads,
+           "bytes_per_elem": m.bytes_per_elem or None, "bytes_counted": m.counted or None,
+           "seconds": None, "min_seconds": None, "elems_per_s": None, "gb_s": None}
+    if m.times:
+        s = statistics.median(m.times)
+        row.update(seconds=s, min_seconds=min(m.times), elems_per_s=n / s, gb_s=n * m.bytes_per_elem / s / 1e9)
+    return row
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(args: argparse.Namespace) -> dict:
+    n, k = args.numel, args.contributions
+    gdtype, cdtype = GRAD_DTYPES[args.grad_dtype], COPY_DTYPES[args.copy_dtype]
+    hyper = AdamWHyper()
+    load_before = os.getloadavg()[0]
+    p0, grads = _inputs(n, k, gdtype)
+    stream = _stream_methods(n)
+    eps, opened = _eps_methods(p0, grads, cdtype, hyper, args.inv_scale)
+    try:
+        methods = eps + _optimizer_methods(p0, grads, cdtype, hyper, args.inv_scale, not args.no_deepspeed)
+        _time_in_turn(stream + methods, args.warmup, args.repeats)
+    finally:
+        for backend in opened:
+            backend.close()
+    kernels = [_row(m, n) for m in stream]
+    best = max(kernels, key=lambda r: r["gb_s"])
+    roofline = best["gb_s"]
+    minimum = k * gdtype.itemsize + 24 + cdtype.itemsize
+    rows = [_row(m, n) for m in methods]
+    ref = next(r for r in rows if r["method"] == "torch-fused")["elems_per_s"]
+    for r in rows:
+        ok = r["elems_per_s"] is not None
+        r["roofline_fraction"] = r["gb_s"] / roofline if ok else None
+        r["vs_torch_fused"] = r["elems_per_s"] / ref if ok else None
+    return {
+        "args": vars(args),
+        "env": {"cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "torch": torch.__version__,
+                "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
+                "numpy_threads": 1, "loadavg_1min_before": load_before,
+                "loadavg_1min_after": os.getloadavg()[0]},
+        "roofline": {"gb_s": roofline, "kernel": best["method"], "kernels": kernels,
+                     "convention": "bytes read + bytes written; write-allocate reads not counted"},
+        "minimum_bytes_per_elem": minimum,
+        "bound_elems_per_s": roofline * 1e9 / minimum,
+        "rows": rows,
+    }
+
+
+def _num(x, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def markdown(result: dict) -> str:
+    a, env, roof = result["args"], result["env"], result["roofline"]
+    kernels = ", ".join(f"{r['label']} ({r['threads']} thr) {r['gb_s']:.1f}" for r in roof["kernels"])
+    head = (f"Full EPS layer update on {a['numel']:,} elements: {a['contributions']} x {a['grad_dtype']} gradient "
+            f"contribution(s) reduced, AdamW on fp32 p/m/v, {a['copy_dtype']} device copy. "
+            f"{env['cpu']}, {env['logical_cpus']} logical CPUs, torch {env['torch']} on {env['torch_threads']} "
+            f"threads, NumPy on 1. Median of {a['repeats']} rounds after {a['warmup']} warm-up, methods in turn. "
+            f"Load average before/after {env['loadavg_1min_before']:.2f}/{env['loadavg_1min_after']:.2f}: "
+            f"other processes on these cores slow the multi-threaded methods most.\n\n"
+            f"Roofline {roof['gb_s']:.1f} GB/s (best of: {kernels} GB/s; {roof['convention']}). "
+            f"Algorithmic minimum {result['minimum_bytes_per_elem']} B/element, so at most "
+            f"{result['bound_elems_per_s'] / 1e9:.2f} G elements/s.\n\n"
+            "| method | threads | G elem/s | B/elem counted | GB/s | of roofline | vs torch fused + reduce + cast |\n"
+            "|---|---|---:|---:|---:|---:|---:|\n")
+    body = ""
+    for r in result["rows"]:
+        label = r["label"] if r["status"] == "ok" else f"{r['label']} ({r['status']})"
+        eps = None if r["elems_per_s"] is None else r["elems_per_s"] / 1e9
+        frac = "—" if r["roofline_fraction"] is None else f"{r['roofline_fraction']:.0%}"
+        body += (f"| {label} | {r['threads']} | {_num(eps, '.3f')} | {_num(r['bytes_per_elem'], 'g')} "
+                 f"| {_num(r['gb_s'], '.1f')} | {frac} | {_num(r['vs_torch_fused'], '.2f')} |\n")
+    notes = "".join(f"- {r['method']}: {r['bytes_counted']}\n" for r in result["rows"] if r["bytes_counted"])
+    return head + body + "\nBytes counted per element:\n" + notes
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .cli import _Parser
+    p = _Parser(prog="l2l bench eps", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--numel", type=int, default=16 << 20, help="elements in the layer (default %(default)s)")
+    p.add_argument("-k", "--contributions", type=int, default=1, help="gradient contributions K (default 1)")
+    p.add_argument("--grad-dtype", choices=list(GRAD_DTYPES), default="fp32")
+    p.add_argument("--copy-dtype", choices=list(COPY_DTYPES), default="fp32")
+    p.add_argument("--inv-scale", type=float, default=1.0, help="1 / (loss scale * divisor) (default 1)")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-deepspeed", action="store_true",
+                   help="skip DeepSpeedCPUAdam even when importable (its first use compiles a C++ extension)")
+    p.add_argument("--out", default="bench/results")
+    return p
+
+
+def run_eps_bench(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.numel < 1 or args.contributions < 1 or args.repeats < 1 or args.warmup < 0 or not args.inv_scale > 0:
+        raise UserError("--numel, --contributions and --repeats must be >= 1, --warmup >= 0, --inv-scale > 0")
+    result = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_eps.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (out / "bench_eps.md").write_text(table)
+    print(table)
+    return 0

@@ -1,0 +1,35 @@
+"""Smoke test of ``l2l bench eps`` on a tiny layer: every method runs and the report is written."""
+from __future__ import annotations
+
+import json
+
+from l2l.bench_eps import run_eps_bench
+
+
+def test_bench_eps_writes_json_and_table(tmp_path):
+    argv = ["--numel", "4096", "--repeats", "1", "--warmup", "1", "--no-deepspeed", "--out", str(tmp_path)]
+    assert run_eps_bench(argv) == 0
+    result = json.loads((tmp_path / "bench_eps.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    for key in ("numpy", "opencl", "torch-fused", "torch-fused-step"):
+        assert rows[key]["status"] == "ok", rows[key]
+        assert rows[key]["elems_per_s"] > 0 and rows[key]["bytes_per_elem"] > 0
+        assert rows[key]["bytes_counted"]
+    assert rows["torch-fused"]["vs_torch_fused"] == 1.0
+    assert rows["deepspeed-cpu-adam"]["status"] == "skipped"  # a peer, never a dependency
+    assert result["roofline"]["gb_s"] > 0
+    assert result["minimum_bytes_per_elem"] == 4 + 24 + 4
+    table = (tmp_path / "bench_eps.md").read_text()
+    assert "| EPS numpy: step() |" in table and "torch AdamW(fused)" in table and "Roofline" in table
+
+
+def test_bench_eps_mixed_dtypes_and_contributions(tmp_path):
+    argv = ["--numel", "1000", "-k", "3", "--grad-dtype", "bf16", "--copy-dtype", "fp16",
+            "--repeats", "1", "--warmup", "0", "--no-deepspeed", "--out", str(tmp_path)]
+    assert run_eps_bench(argv) == 0
+    result = json.loads((tmp_path / "bench_eps.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert result["minimum_bytes_per_elem"] == 3 * 2 + 24 + 2
+    assert rows["numpy"]["bytes_per_elem"] == 3 * 2 + 4 + 28 + 2
+    assert rows["opencl"]["bytes_per_elem"] == 2 * 3 * 2 + 24 + 2
+    assert all(r["elems_per_s"] > 0 for r in rows.values() if r["status"] == "ok")
