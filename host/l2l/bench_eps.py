@@ -9,9 +9,9 @@ bandwidth roofline measured in the same run, plus the ratio to torch's fused
 CPU AdamW doing the same job. Peers: torch.optim.AdamW(fused=True) and, when
 importable, DeepSpeedCPUAdam (never a dependency).
 
-All methods and the bandwidth kernels are stepped in turn, round by round, so
+All methods and the bandwidth kernels run in turn, in short blocks, so
 that drift in the machine's speed (other load, clocks) falls on all alike;
-the figure is the median of the timed rounds after the warm-up rounds.
+the figure is the median of the timed runs (see _time_in_turn).
 
 Byte convention (STREAM's): bytes the code reads plus bytes it writes; the
 read-for-ownership a store to a line not yet in cache adds (write-allocate)
@@ -217,15 +217,26 @@ def _stream_methods(n: int) -> list[Method]:
 
 # ---------------------------------------------------------------- timing and report
 
+BLOCK = 5  # timed runs of one method back to back within a round
+
+
 def _time_in_turn(methods: list[Method], warmup: int, repeats: int) -> None:
+    """Rounds of short blocks: each method runs ``warmup`` untimed then up to BLOCK timed
+    steps, then the next method. Blocks keep one method's threads alone on the cores
+    (switching between OpenMP and PoCL thread pools every step costs both); rounds
+    spread drift in the machine's speed over all methods alike."""
     runnable = [m for m in methods if m.run is not None]
-    for round_ in range(warmup + repeats):
+    done = 0
+    while done < repeats:
+        block = min(BLOCK, repeats - done)
         for m in runnable:
-            t0 = time.perf_counter()
-            m.run()
-            dt = time.perf_counter() - t0
-            if round_ >= warmup:
-                m.times.append(dt)
+            for _ in range(warmup):
+                m.run()
+            for _ in range(block):
+                t0 = time.perf_counter()
+                m.run()
+                m.times.append(time.perf_counter() - t0)
+        done += block
 
 
 def _row(m: Method, n: int) -> dict:
@@ -296,7 +307,7 @@ def markdown(result: dict) -> str:
     head = (f"Full EPS layer update on {a['numel']:,} elements: {a['contributions']} x {a['grad_dtype']} gradient "
             f"contribution(s) reduced, AdamW on fp32 p/m/v, {a['copy_dtype']} device copy. "
             f"{env['cpu']}, {env['logical_cpus']} logical CPUs, torch {env['torch']} on {env['torch_threads']} "
-            f"threads, NumPy on 1. Median of {a['repeats']} rounds after {a['warmup']} warm-up, methods in turn. "
+            f"threads, NumPy on 1. Median of {a['repeats']} timed runs, in blocks of up to {BLOCK} after {a['warmup']} warm-up each, methods in turn. "
             f"Load average before/after {env['loadavg_1min_before']:.2f}/{env['loadavg_1min_after']:.2f}: "
             f"other processes on these cores slow the multi-threaded methods most.\n\n"
             f"Roofline {roof['gb_s']:.1f} GB/s (best of: {kernels} GB/s; {roof['convention']}). "
