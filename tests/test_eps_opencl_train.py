@@ -63,3 +63,14 @@ def test_program_binary_through_the_cli_trains_identically(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [x["loss"] for x in read_metrics(ref / "metrics.jsonl")] == \
            [x["loss"] for x in read_metrics(loaded / "metrics.jsonl")]
+
+
+def test_damaged_binary_is_refused_not_a_crash(tmp_path):
+    """PoCL aborts inside clBuildProgram on a truncated binary; the backend probes it first."""
+    binary = tmp_path / "eps.bin"
+    assert run_cli("opencl-binary", "--out", str(binary)).returncode == 0
+    truncated = tmp_path / "truncated.bin"
+    truncated.write_bytes(binary.read_bytes()[:2000])
+    r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run"), "--eps", "opencl",
+                "--cl-binary", str(truncated))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "damaged" in r.stderr, r.stderr

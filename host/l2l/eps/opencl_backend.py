@@ -16,6 +16,8 @@ default the first accelerator or GPU device is taken, else the first device.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -32,6 +34,18 @@ INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl
                 "or 'pip install pocl-binary-distribution'")
 WORK_GROUP = 256  # 64, 256 and 1024 measured alike on PoCL; 256 suits GPUs too
 VECTOR = 8  # elements per work-item (VW in eps.cl)
+
+_PROBE = """
+import sys, pyopencl as cl
+path, platform, device = sys.argv[1:]
+plat = next(p for p in cl.get_platforms() if p.name == platform)
+dev = next(d for d in plat.get_devices() if d.name == device)
+ctx = cl.Context([dev])
+try:
+    cl.Program(ctx, [dev], [open(path, 'rb').read()]).build()
+except cl.Error:
+    sys.exit(1)  # an ordinary error: the parent reports it
+"""
 
 _SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["fp16"]: "f16"}
 
@@ -128,11 +142,22 @@ class OpenCLBackend(EpsBackend):
         path = Path(binary)
         if not path.is_file():
             raise UserError(f"--cl-binary {binary}: no such file")
+        self._probe_binary(path)
         try:
             program = cl.Program(self.context, [self.device], [path.read_bytes()])
             return program.build(options=BUILD_OPTIONS)
         except cl.Error as exc:
             raise UserError(f"--cl-binary {binary}: not a program for {self.device.name.strip()} ({exc})") from None
+
+    def _probe_binary(self, path: Path) -> None:
+        """Load the binary in a child process first: some runtimes (PoCL) abort or
+        segfault on a damaged binary instead of returning an error."""
+        child = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(path), self.platform.name, self.device.name],
+            capture_output=True, text=True, timeout=300)
+        if child.returncode < 0:
+            raise UserError(f"--cl-binary {path}: damaged (the OpenCL runtime crashed loading it, "
+                            f"signal {-child.returncode})")
 
     def program_binary(self) -> bytes:
         """The built program's binary for this device (what ``--cl-binary`` loads)."""
