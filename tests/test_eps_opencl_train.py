@@ -74,3 +74,14 @@ def test_damaged_binary_is_refused_not_a_crash(tmp_path):
     r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run"), "--eps", "opencl",
                 "--cl-binary", str(truncated))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "damaged" in r.stderr, r.stderr
+
+
+def test_no_platform_is_one_line_naming_what_to_install(tmp_path):
+    empty = tmp_path / "no-icds"
+    empty.mkdir()
+    r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run"), "--eps", "opencl",
+                env={"OCL_ICD_VENDORS": str(empty)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "no OpenCL platform" in r.stderr and "pocl-opencl-icd" in r.stderr
+    info = run_cli("info", env={"OCL_ICD_VENDORS": str(empty)})
+    assert info.returncode == 0 and "opencl  unavailable" in info.stdout
