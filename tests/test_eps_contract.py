@@ -595,6 +595,33 @@ _SIGN = {"fp32": 1 << 31, "bf16": 1 << 15, "fp16": 1 << 15}
 _MAX = {"fp32": 0x7F7FFFFF, "bf16": 0x7F7F, "fp16": 0x7BFF}
 
 
+def nonfinite_grads(rng, n, case, K, gdtype, i):
+    """Gradient bit patterns whose reduced g is non-finite at element ``i`` (and the scalars)."""
+    grad_bits = [wide_grad_bits(rng, n, gdtype, max_abs=1e30) for _ in range(K)]
+    s = StepScalars.compute(AdamWHyper(), 1, divisor=float(K))
+    if case == "+inf":
+        grad_bits[K - 1][i] = _INF[gdtype]
+    elif case == "-inf":
+        grad_bits[0][i] = _INF[gdtype] | _SIGN[gdtype]
+    elif case == "nan":
+        grad_bits[K // 2][i] = _NAN[gdtype]
+    elif case == "inf-inf":
+        grad_bits[0][i] = _INF[gdtype]
+        grad_bits[1][i] = _INF[gdtype] | _SIGN[gdtype]
+    elif case == "sum-overflow":
+        for gb in grad_bits:
+            gb[i] = _MAX[gdtype]
+        s = custom_scalars(inv_scale=1.0)
+    else:  # scale-overflow, at element i only: every other element is a zero
+        for gb in grad_bits:
+            gb &= np.uint64(_SIGN[gdtype])
+        grad_bits[0][i] = _MAX[gdtype]
+        s = custom_scalars(inv_scale=3e38)
+    assert not Oracle().reduce(grad_bits, gdtype, s.inv_scale)[1]
+    return grad_bits, s
+
+
+
 def _nonfinite_cases():
     """Every (case, K, dtype) that can happen: inf-inf needs two contributions,
     and only a sum of several fp32/bf16 values can overflow binary32."""
@@ -614,30 +641,8 @@ def test_nonfinite_gradient_changes_nothing(case, K, gdtype):
     n = 37
     p, m = wide_f32(rng, n), wide_f32(rng, n)
     v = wide_f32(rng, n, nonneg=True)
-    grad_bits = [wide_grad_bits(rng, n, gdtype, max_abs=1e30) for _ in range(K)]
-    s = StepScalars.compute(AdamWHyper(), 1, divisor=float(K))
     i = int(rng.integers(0, n))
-    if case == "+inf":
-        grad_bits[K - 1][i] = _INF[gdtype]
-    elif case == "-inf":
-        grad_bits[0][i] = _INF[gdtype] | _SIGN[gdtype]
-    elif case == "nan":
-        grad_bits[K // 2][i] = _NAN[gdtype]
-    elif case == "inf-inf":
-        grad_bits[0][i] = _INF[gdtype]
-        grad_bits[1][i] = _INF[gdtype] | _SIGN[gdtype]
-    elif case == "sum-overflow":
-        for gb in grad_bits:
-            gb[i] = _MAX[gdtype]
-        s = custom_scalars(inv_scale=1.0)
-    else:  # the scale by inv_scale overflows
-        grad_bits[0][i] = _MAX[gdtype]
-        for gb in grad_bits[1:]:
-            gb[i] = 0
-        s = custom_scalars(inv_scale=3e38)
-    oracle = Oracle()
-    _, ofinite = oracle.reduce(grad_bits, gdtype, s.inv_scale)
-    assert not ofinite
+    grad_bits, s = nonfinite_grads(rng, n, case, K, gdtype, i)
     grads = [grad_array(b, gdtype) for b in grad_bits]
     red = np.empty(n, np.float32)
     assert numerics.reduce_gradients(grads, s.inv_scale, red) is False

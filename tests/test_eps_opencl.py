@@ -25,10 +25,7 @@ from l2l.errors import UserError
 from test_eps_contract import (  # tests/ is on sys.path under pytest
     HYPERS,
     SPECIAL_SCALARS,
-    _INF,
-    _MAX,
     _NAN,
-    _SIGN,
     Oracle,
     _bits_of,
     _copy_tie_values,
@@ -42,15 +39,12 @@ from test_eps_contract import (  # tests/ is on sys.path under pytest
     assert_bits,
     custom_scalars,
     grad_array,
+    nonfinite_grads,
     wide_f32,
     wide_grad_bits,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
-
-_OK, _WHY = OpenCLBackend.availability()
-if not _OK:
-    pytest.skip(f"no OpenCL device: {_WHY}", allow_module_level=True)
 
 FMT_OF = {np.dtype(np.float32): "fp32", COPY_DTYPES["bf16"]: "bf16", np.dtype(np.float16): "fp16"}
 DTYPES = ["fp32", "bf16", "fp16"]
@@ -398,32 +392,6 @@ def test_write_copy_every_class(ocl, cdtype):
 # non-finite gradients
 # --------------------------------------------------------------------------
 
-def _nonfinite_grads(rng, n, case, K, gdtype, i):
-    """Gradient bit patterns whose reduced g is non-finite at element ``i`` (and the scalars)."""
-    grad_bits = [wide_grad_bits(rng, n, gdtype, max_abs=1e30) for _ in range(K)]
-    s = StepScalars.compute(AdamWHyper(), 1, divisor=float(K))
-    if case == "+inf":
-        grad_bits[K - 1][i] = _INF[gdtype]
-    elif case == "-inf":
-        grad_bits[0][i] = _INF[gdtype] | _SIGN[gdtype]
-    elif case == "nan":
-        grad_bits[K // 2][i] = _NAN[gdtype]
-    elif case == "inf-inf":
-        grad_bits[0][i] = _INF[gdtype]
-        grad_bits[1][i] = _INF[gdtype] | _SIGN[gdtype]
-    elif case == "sum-overflow":
-        for gb in grad_bits:
-            gb[i] = _MAX[gdtype]
-        s = custom_scalars(inv_scale=1.0)
-    else:  # scale-overflow, at element i only: every other element is a zero
-        for gb in grad_bits:
-            gb &= np.uint64(_SIGN[gdtype])
-        grad_bits[0][i] = _MAX[gdtype]
-        s = custom_scalars(inv_scale=3e38)
-    assert not Oracle().reduce(grad_bits, gdtype, s.inv_scale)[1]
-    return grad_bits, s
-
-
 @pytest.mark.parametrize("case, K, gdtype", list(_nonfinite_cases()))
 def test_nonfinite_gradient_changes_nothing(ocl, case, K, gdtype):
     """finite False on both; p, m, v and the device copy untouched; the next finite step agrees
@@ -433,7 +401,7 @@ def test_nonfinite_gradient_changes_nothing(ocl, case, K, gdtype):
     p, m, v = wide_state(rng, n)
     # the bad element in the first vector, in the second work-group, in the scalar tail
     for cdtype, i, form in zip(DTYPES, (0, 8 * 256 + 3, n - 1), FORMS):
-        grad_bits, s = _nonfinite_grads(rng, n, case, K, gdtype, i)
+        grad_bits, s = nonfinite_grads(rng, n, case, K, gdtype, i)
         tw = Twin(ocl, p, m, v)
         copies = (sentinel(n, cdtype), sentinel(n, cdtype))
         tw.step(grads_of(grad_bits, gdtype), s, cdtype, f"{case} K={K} {gdtype}->{cdtype} at {i} {form}",
