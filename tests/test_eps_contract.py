@@ -478,15 +478,20 @@ def test_ties_in_reduction(K, gdtype):
     assert o.ties["acc"] >= n // 3, o.ties
 
 
-def test_ties_in_products():
-    """Products exactly halfway: factor 1.5 times odd significands (p*decay, b1*m, b2*v, omb1*g, ...)."""
-    rng = np.random.default_rng(11)
-    n = 4096
+def product_tie_inputs(rng, n):
+    """p, m, v, g and scalars whose products land exactly halfway: factor 1.5 times odd significands."""
     p = _odd_f32(rng, n, -120, 120).astype(np.float32)
     m = _odd_f32(rng, n, -120, 120).astype(np.float32)
     v = np.abs(_odd_f32(rng, n, -120, 120)).astype(np.float32)
     g = _round_bits(_odd_f32(rng, n, -60, 60), "fp32")[0]
     s = custom_scalars(decay=1.5, b1=1.5, omb1=1.5, b2=1.5, omb2=0.75, inv_bc2_sqrt=1.5, neg_step=-1.5)
+    return p, m, v, g, s
+
+
+def test_ties_in_products():
+    """Products exactly halfway (p*decay, b1*m, b2*v, omb1*g, ...)."""
+    n = 4096
+    p, m, v, g, s = product_tie_inputs(np.random.default_rng(11), n)
     o = check_step(p, m, v, [g], "fp32", s, "bf16", what="product ties")
     for op in ("p1", "b1m", "omb1g", "b2v", "ns"):
         assert o.ties[op] >= n // 8, (op, o.ties)

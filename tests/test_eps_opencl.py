@@ -40,6 +40,7 @@ from test_eps_contract import (  # tests/ is on sys.path under pytest
     custom_scalars,
     grad_array,
     nonfinite_grads,
+    product_tie_inputs,
     wide_f32,
     wide_grad_bits,
 )
@@ -293,13 +294,8 @@ def test_ties_in_reduction(ocl, K, gdtype):
 
 def test_ties_in_products(ocl):
     """Products exactly halfway: factor 1.5 times odd significands."""
-    rng = np.random.default_rng(711)
     n = 4096
-    p = _odd_f32(rng, n, -120, 120).astype(np.float32)
-    m = _odd_f32(rng, n, -120, 120).astype(np.float32)
-    v = np.abs(_odd_f32(rng, n, -120, 120)).astype(np.float32)
-    g = _round_bits(_odd_f32(rng, n, -60, 60), "fp32")[0]
-    s = custom_scalars(decay=1.5, b1=1.5, omb1=1.5, b2=1.5, omb2=0.75, inv_bc2_sqrt=1.5, neg_step=-1.5)
+    p, m, v, g, s = product_tie_inputs(np.random.default_rng(711), n)
     o = oracle_ties(p, m, v, [g], "fp32", s, "bf16")
     for op in ("p1", "b1m", "omb1g", "b2v", "ns"):
         assert o.ties[op] >= n // 8, (op, o.ties)
