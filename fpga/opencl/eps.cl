@@ -12,9 +12,12 @@
 // buffers first, then n and k, then the step scalars in the contract's table
 // order.
 //
-// Work split: work-item j handles elements [8j, 8j + 8) as one float8; the
-// work-item j == n / 8 handles the n % 8 tail element by element. Launch
-// n / 8 + 1 work-items (rounded up to the work-group size).
+// Work split: vector j holds elements [8j, 8j + 8) as one float8, and
+// "vector" n / 8 is the n % 8 tail, done element by element. Work-items walk
+// the vectors with a stride of the global size, so one launch shape fits
+// every device: n / 8 + 1 work-items on a CPU or GPU (one vector each), or a
+// single work-item looping over all of them, the shape of an FPGA kernel run
+// as a task.
 //
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in ushort) or f16 (binary16 bits in ushort); kernels are instantiated
@@ -69,17 +72,19 @@ inline void store1_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(
 #define EPS_CHECK(G, GT)                                                               \
 __kernel void eps_check_##G(__global const GT *g, __global int *finite,                \
                             const uint n, const uint k, const float inv_scale) {        \
-    const size_t j = get_global_id(0), nv = n / VW;                                    \
+    const size_t nv = n / VW;                                                          \
+    for (size_t j = get_global_id(0); j <= nv; j += get_global_size(0)) {              \
     if (j < nv) {                                                                      \
         float8 acc = wide8_##G(g, j);                                                  \
         for (uint c = 1; c < k; ++c) acc = acc + wide8_##G(g + (size_t)c * n, j);       \
         if (any(isfinite(acc * inv_scale) == 0)) *finite = 0;                          \
-    } else if (j == nv) {                                                              \
+    } else {                                                                           \
         for (size_t i = nv * VW; i < n; ++i) {                                          \
             float acc = wide1_##G(g, i);                                               \
             for (uint c = 1; c < k; ++c) acc = acc + wide1_##G(g, (size_t)c * n + i);  \
             if (!isfinite(acc * inv_scale)) *finite = 0;                               \
         }                                                                              \
+    }                                                                                  \
     }                                                                                  \
 }
 
@@ -100,7 +105,8 @@ __kernel void eps_update_##G##_##C(                                             
         const float omb2, const float inv_bc2_sqrt, const float eps,                    \
         const float neg_step, const float inv_scale) {                                  \
     if (*finite == 0) return;                                                          \
-    const size_t j = get_global_id(0), nv = n / VW;                                    \
+    const size_t nv = n / VW;                                                          \
+    for (size_t j = get_global_id(0); j <= nv; j += get_global_size(0)) {              \
     if (j < nv) {                                                                      \
         float8 acc = wide8_##G(gr, j);                                                 \
         for (uint c = 1; c < k; ++c) acc = acc + wide8_##G(gr + (size_t)c * n, j);      \
@@ -109,7 +115,7 @@ __kernel void eps_update_##G##_##C(                                             
         ADAMW_BODY(float8)                                                             \
         vstore8(p2, j, p); vstore8(m1, j, m); vstore8(v1, j, v);                       \
         store8_##C(copy, j, p2);                                                       \
-    } else if (j == nv) {                                                              \
+    } else {                                                                           \
         for (size_t i = nv * VW; i < n; ++i) {                                          \
             float acc = wide1_##G(gr, i);                                              \
             for (uint c = 1; c < k; ++c) acc = acc + wide1_##G(gr, (size_t)c * n + i); \
@@ -119,6 +125,7 @@ __kernel void eps_update_##G##_##C(                                             
             p[i] = p2; m[i] = m1; v[i] = v1;                                           \
             store1_##C(copy, i, p2);                                                   \
         }                                                                              \
+    }                                                                                  \
     }                                                                                  \
 }
 
@@ -136,11 +143,13 @@ EPS_UPDATE_ALL_COPIES(f16, ushort)
 
 #define EPS_COPY(C, CT)                                                                \
 __kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uint n) {  \
-    const size_t j = get_global_id(0), nv = n / VW;                                    \
-    if (j < nv) {                                                                      \
-        store8_##C(copy, j, vload8(j, p));                                             \
-    } else if (j == nv) {                                                              \
-        for (size_t i = nv * VW; i < n; ++i) store1_##C(copy, i, p[i]);                \
+    const size_t nv = n / VW;                                                          \
+    for (size_t j = get_global_id(0); j <= nv; j += get_global_size(0)) {              \
+        if (j < nv) {                                                                  \
+            store8_##C(copy, j, vload8(j, p));                                         \
+        } else {                                                                       \
+            for (size_t i = nv * VW; i < n; ++i) store1_##C(copy, i, p[i]);            \
+        }                                                                              \
     }                                                                                  \
 }
 

@@ -114,13 +114,21 @@ class OpenCLBackend(EpsBackend):
         return True, f"{dev.name.strip()} on {plat.name.strip()}"
 
     def __init__(self, platform: str | None = None, device: str | None = None,
-                 binary: str | None = None) -> None:
+                 binary: str | None = None, launch: str = "auto") -> None:
+        """``launch``: "ndrange" (one work-item per float8, for CPUs and GPUs), "task" (a
+        single work-item that loops, the shape of an FPGA kernel), or "auto": task for
+        kernels compiled with a required work-group size of 1 (HLS kernels in an
+        .xclbin), ndrange otherwise."""
+        if launch not in ("auto", "ndrange", "task"):
+            raise ValueError(f"launch must be auto, ndrange or task, not {launch!r}")
         cl = self._cl = _cl()
         self.platform, self.device = choose_device(platform, device)
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context, self.device)
         self.program = self._build(binary)
-        self._kernels = {name: getattr(self.program, name) for name in self.program.kernel_names.split(";")}
+        self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
+        self._task = {name: launch == "task" or (launch == "auto" and self._is_task(kernel))
+                      for name, kernel in self._kernels.items()}
         self._state: dict[int, tuple] = {}
         self._numel: dict[int, int] = {}
         self._scratch: dict[str, object] = {}
@@ -181,7 +189,13 @@ class OpenCLBackend(EpsBackend):
             self._host_buffers.pop(next(iter(self._host_buffers)))
         return buf
 
+    def _is_task(self, kernel) -> bool:
+        info = self._cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE
+        return tuple(kernel.get_work_group_info(info, self.device)) == (1, 1, 1)
+
     def _launch(self, name: str, n: int, *args):
+        if self._task[name]:  # one work-item walks every vector (the kernels stride by the global size)
+            return self._kernels[name](self.queue, (1,), (1,), *args)
         items = n // VECTOR + 1
         global_size = ((items + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
         return self._kernels[name](self.queue, (global_size,), (WORK_GROUP,), *args)
