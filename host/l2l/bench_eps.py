@@ -88,6 +88,10 @@ def _eps_bytes(name: str, k: int, gs: int, cs: int) -> tuple[float, str]:
         note = (f"CPU device, zero-copy host buffers: check kernel reads grads {k}x{gs}; update kernel reads "
                 f"grads {k}x{gs} + p,m,v 12, writes p,m,v 12 and the copy {cs}")
         return 2 * k * gs + 24 + cs, note
+    if name == "hls-csim":
+        note = (f"check kernel reads grads {k}x{gs}; update kernel reads grads {k}x{gs} (into a local tile) "
+                f"+ p,m,v 12, writes p,m,v 12 and the copy {cs}")
+        return 2 * k * gs + 24 + cs, note
     return k * gs + 24 + cs, "algorithmic minimum (implementation not inspected)"
 
 

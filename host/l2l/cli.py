@@ -39,7 +39,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--beta2", type=float, default=d.beta2)
     p.add_argument("--adam-eps", type=float, default=d.adam_eps)
     p.add_argument("--device", default=d.device, help=f"{' | '.join(DEVICES)} (default %(default)s)")
-    p.add_argument("--eps", default=d.eps, help="EPS backend: numpy | opencl (default %(default)s; see `l2l info`)")
+    p.add_argument("--eps", default=d.eps, help="EPS backend: numpy | opencl | hls-csim (default %(default)s; see `l2l info`)")
     p.add_argument("--cl-platform", default=None, help="OpenCL platform: index or name substring (env L2L_CL_PLATFORM)")
     p.add_argument("--cl-device", default=None, help="OpenCL device: index or name substring (env L2L_CL_DEVICE)")
     p.add_argument("--cl-binary", default=None, help="precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS")

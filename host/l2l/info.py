@@ -25,6 +25,6 @@ def info_lines() -> list[str]:
         lines.append("cuda        none visible (training runs on the CPU, same code path)")
     for name, cls in BACKENDS.items():
         ok, why = cls.availability()
-        lines.append(f"eps {name:<8}{'available' if ok else 'unavailable'}: {why}")
+        lines.append(f"eps {name:<9} {'available' if ok else 'unavailable'}: {why}")
     lines.append(f"models      {', '.join(FAMILIES)}")
     return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
+from .hls_csim_backend import HlsCsimBackend
 from .numpy_backend import NumpyBackend
 from .opencl_backend import OpenCLBackend
 from .server import EagerParamServer
@@ -11,6 +12,7 @@ from .server import EagerParamServer
 BACKENDS: dict[str, type[EpsBackend]] = {
     NumpyBackend.name: NumpyBackend,
     OpenCLBackend.name: OpenCLBackend,
+    HlsCsimBackend.name: HlsCsimBackend,
 }
 
 
@@ -25,5 +27,6 @@ def make_backend(name: str, **options) -> EpsBackend:
     return cls(**options)
 
 
-__all__ = ["AdamWHyper", "BACKENDS", "EagerParamServer", "EpsBackend", "NumpyBackend", "OpenCLBackend",
+__all__ = ["AdamWHyper", "BACKENDS", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "NumpyBackend",
+           "OpenCLBackend",
            "StepScalars", "make_backend"]

@@ -1,0 +1,276 @@
+"""The HLS C-simulation EPS: the Vitis HLS kernels of hls/eps_kernels.cpp, run on the host.
+
+The HLS source is plain C++17 (its ``#pragma HLS`` lines are ignored by g++),
+so the very kernels an FPGA build synthesises are compiled here into a shared
+library and called through ctypes on NumPy arrays: ``p, m, v`` live in host
+memory, which plays the card's DRAM. One update is the host driver's sequence
+for the card: finite flag set to 1, ``eps_check_<g>`` over the K contributions
+(back to back in one buffer), ``eps_update_<g>_<c>`` (which writes nothing when
+the flag was cleared), flag read back. Same semantics as the NumPy backend,
+bit for bit (shared/spec/eps-numerics.md); tests/test_eps_hls.py checks it.
+
+Build: ``g++`` with :data:`CXX_FLAGS` (``-ffp-contract=off``, never
+``-ffast-math``), on first use, into ``$XDG_CACHE_HOME/l2l/hls-csim/<sha256>.so``
+(``~/.cache`` by default; the ``cache_dir`` option overrides), where the hash
+covers the source, the flags and the compiler's version: an edited source is
+rebuilt, an unchanged one is reused across processes. The library is written
+under a temporary name and renamed into place, so concurrent builders (test
+workers) never see a half-written file.
+
+Options: ``cxx`` (compiler, default ``g++``), ``cache_dir``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import UserError
+from .backend import EpsBackend
+from .contract import StepScalars
+from .numerics import COPY_DTYPES, GRAD_DTYPES
+
+KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "hls" / "eps_kernels.cpp"
+DEFAULT_CXX = "g++"
+INSTALL_HINT = "apt-get install g++"
+CXX_FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math",
+             "-Wno-unknown-pragmas"]
+if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+    CXX_FLAGS.append("-mno-fma")  # belt and braces: -ffp-contract=off already forbids contraction
+
+SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["fp16"]: "f16"}
+GRAD_SUFFIX = {GRAD_DTYPES[k]: SUFFIX[COPY_DTYPES[k]] for k in GRAD_DTYPES}
+KINDS = ("f32", "bf16", "f16")
+KERNEL_NAMES = ([f"eps_check_{g}" for g in KINDS] + [f"eps_update_{g}_{c}" for g in KINDS for c in KINDS]
+                + [f"eps_copy_{c}" for c in KINDS])
+MAX_N = (1 << 32) - 1  # n and k are 32-bit kernel arguments
+
+_ptr, _uint, _float = ctypes.c_void_p, ctypes.c_uint, ctypes.c_float
+_ARGTYPES = {
+    "eps_check": [_ptr, _ptr, _uint, _uint, _float],
+    "eps_update": [_ptr] * 6 + [_uint, _uint] + [_float] * 9,
+    "eps_copy": [_ptr, _ptr, _uint],
+}
+
+_lock = threading.Lock()
+_libraries: dict[tuple[str, str], ctypes.CDLL] = {}
+
+
+def kernel_source() -> str:
+    return KERNEL_SOURCE.read_text()
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "l2l" / "hls-csim"
+
+
+def _compiler(cxx: str | None) -> str:
+    name = cxx or DEFAULT_CXX
+    path = shutil.which(name)
+    if path is None:
+        raise UserError(f"--eps hls-csim needs a C++ compiler: {name} not found ({INSTALL_HINT})")
+    return path
+
+
+def _compiler_version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except OSError as exc:
+        raise UserError(f"--eps hls-csim: cannot run {path} ({exc}); {INSTALL_HINT}") from None
+    return out.stdout.strip()
+
+
+def library_path(cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the C-simulation library for this source, these flags and this compiler lives."""
+    path = _compiler(cxx)
+    key = hashlib.sha256()
+    for part in (KERNEL_SOURCE.read_bytes(), "\0".join(CXX_FLAGS).encode(), _compiler_version(path).encode(),
+                 path.encode(), platform.machine().encode()):
+        key.update(part)
+        key.update(b"\0\1\0")
+    return Path(cache_dir or default_cache_dir()) / f"eps_kernels-{key.hexdigest()[:32]}.so"
+
+
+def build_library(cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Compile hls/eps_kernels.cpp unless the cache already holds this build; its path."""
+    if not KERNEL_SOURCE.is_file():
+        raise UserError(f"--eps hls-csim needs the kernel source {KERNEL_SOURCE} (a source checkout of l2l)")
+    target = library_path(cxx, cache_dir)
+    if target.is_file():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
+    except OSError as exc:
+        raise UserError(f"--eps hls-csim: cannot write the kernel library into {target.parent} "
+                        f"({exc.strerror}); set XDG_CACHE_HOME or the cache_dir option") from None
+    os.close(fd)
+    try:
+        cmd = [_compiler(cxx), *CXX_FLAGS, "-o", tmp, str(KERNEL_SOURCE)]
+        child = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        if child.returncode != 0:
+            raise RuntimeError(f"compiling {KERNEL_SOURCE} failed ({' '.join(cmd)}):\n{child.stderr}")
+        os.replace(tmp, target)  # atomic: a concurrent builder's identical file is replaced whole
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load_library(cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
+    """The kernels as a ctypes library with argument types set (built on first use, once per process)."""
+    with _lock:
+        path = build_library(cxx, cache_dir)
+        key = (str(path), cxx or DEFAULT_CXX)
+        lib = _libraries.get(key)
+        if lib is None:
+            lib = ctypes.CDLL(str(path))  # CDLL calls release the GIL
+            for name in KERNEL_NAMES:
+                fn = getattr(lib, name)
+                fn.argtypes = _ARGTYPES["_".join(name.split("_")[:2])]
+                fn.restype = None
+            _libraries[key] = lib
+        return lib
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+class HlsCsimBackend(EpsBackend):
+    name = "hls-csim"
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        if not KERNEL_SOURCE.is_file():
+            return False, f"kernel source {KERNEL_SOURCE} not found (needs a source checkout)"
+        path = shutil.which(DEFAULT_CXX)
+        if path is None:
+            return False, f"no C++ compiler ({DEFAULT_CXX}): {INSTALL_HINT}"
+        version = _compiler_version(path).splitlines()
+        return True, f"C-simulation of {KERNEL_SOURCE.name} with {version[0] if version else path}"
+
+    def __init__(self, cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> None:
+        self.lib = load_library(cxx, cache_dir)
+        self._fn = {name: getattr(self.lib, name) for name in KERNEL_NAMES}
+        self._p: dict[int, np.ndarray] = {}
+        self._m: dict[int, np.ndarray] = {}
+        self._v: dict[int, np.ndarray] = {}
+        self._local = threading.local()  # per-thread scratch: the server steps on a worker thread
+
+    # ------------------------------------------------------------ host-side staging
+    def _scratch(self, key: str, n: int, dtype: np.dtype) -> np.ndarray:
+        """A contiguous scratch array of ``n`` elements (per thread, grown as needed)."""
+        bufs = self._local.__dict__.setdefault("bufs", {})
+        buf = bufs.get((key, dtype))
+        if buf is None or buf.shape[0] < n:
+            buf = bufs[(key, dtype)] = np.empty(max(n, 1), dtype)
+        return buf[:n]
+
+    def _gradient_block(self, grads, n: int) -> tuple[np.ndarray, int, np.dtype]:
+        """The K contributions back to back in one C-contiguous buffer; (buffer, k, dtype).
+
+        Everything is checked here, before any kernel runs: a refused step changes nothing.
+        """
+        if isinstance(grads, np.ndarray) and grads.ndim == 2:
+            k, dtype = grads.shape[0], grads.dtype
+            if grads.shape[1] != n:
+                raise ValueError(f"gradient of shape {grads.shape[1:]}, expected ({n},)")
+        else:
+            k = len(grads)
+            if k == 0:
+                raise ValueError("at least one gradient contribution")
+            for g in grads:
+                if g.shape != (n,):
+                    raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
+            dtype = grads[0].dtype
+            if any(g.dtype != dtype for g in grads):
+                raise ValueError("gradient contributions must share one dtype")
+        if k == 0:
+            raise ValueError("at least one gradient contribution")
+        if k > MAX_N or k * n >= 1 << 63:
+            raise ValueError(f"{k} contributions of {n} elements: too many for the kernel")
+        if dtype not in GRAD_SUFFIX:
+            raise ValueError(f"unsupported gradient dtype {dtype}; one of {', '.join(GRAD_DTYPES)}")
+        if isinstance(grads, np.ndarray) and grads.ndim == 2 and grads.flags.c_contiguous:
+            return grads, k, dtype
+        if k == 1 and grads[0].flags.c_contiguous:
+            return grads[0], k, dtype
+        block = self._scratch("grads", k * n, dtype).reshape(k, n)
+        for c in range(k):
+            block[c] = grads[c]
+        return block, k, dtype
+
+    @staticmethod
+    def _check_copy(copy_out: np.ndarray, n: int) -> str:
+        if copy_out.dtype not in SUFFIX:
+            raise ValueError(f"unsupported device-copy dtype {copy_out.dtype}")
+        if copy_out.shape != (n,):
+            raise ValueError(f"device copy of shape {copy_out.shape}, expected ({n},)")
+        if not copy_out.flags.writeable:
+            raise ValueError("device copy is read-only")
+        return SUFFIX[copy_out.dtype]
+
+    def _copy_target(self, copy_out: np.ndarray) -> np.ndarray:
+        """Where the kernel writes the copy: ``copy_out`` itself, or scratch for a strided view."""
+        if copy_out.flags.c_contiguous:
+            return copy_out
+        return self._scratch("copy", copy_out.shape[0], copy_out.dtype)
+
+    # ------------------------------------------------------------ EpsBackend
+    def allocate(self, layer: int, p: np.ndarray) -> None:
+        p = np.array(p, dtype=np.float32, copy=True, order="C")
+        if p.ndim != 1:
+            raise ValueError(f"layer {layer}: master weights of shape {p.shape}, expected one dimension")
+        if p.shape[0] > MAX_N:
+            raise ValueError(f"layer {layer}: {p.shape[0]} elements; the kernels take at most {MAX_N}")
+        self._p[layer] = p
+        self._m[layer] = np.zeros_like(p)
+        self._v[layer] = np.zeros_like(p)
+
+    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
+             copy_out: np.ndarray) -> bool:
+        p, m, v = self._p[layer], self._m[layer], self._v[layer]
+        n = p.shape[0]
+        block, k, gdtype = self._gradient_block(grads, n)
+        c = self._check_copy(copy_out, n)
+        g = GRAD_SUFFIX[gdtype]
+        target = self._copy_target(copy_out)
+        flag = np.ones(1, np.int32)  # the host sets the flag; eps_check clears it
+        self._fn[f"eps_check_{g}"](_addr(block), _addr(flag), n, k, scalars.inv_scale)
+        self._fn[f"eps_update_{g}_{c}"](_addr(block), _addr(p), _addr(m), _addr(v), _addr(target), _addr(flag),
+                                        n, k, *scalars.as_tuple())
+        finite = bool(flag[0])
+        if finite and target is not copy_out:
+            copy_out[...] = target
+        return finite
+
+    def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
+        p = self._p[layer]
+        n = p.shape[0]
+        c = self._check_copy(copy_out, n)
+        target = self._copy_target(copy_out)
+        self._fn[f"eps_copy_{c}"](_addr(p), _addr(target), n)
+        if target is not copy_out:
+            copy_out[...] = target
+
+    def read_state(self, layer: int):
+        return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
+
+    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        pairs = ((self._p, p), (self._m, m), (self._v, v))
+        for store, src in pairs:  # check all before writing any: no half-loaded layer
+            if np.shape(src) != store[layer].shape:
+                raise ValueError(f"layer {layer}: state of shape {np.shape(src)}, expected {store[layer].shape}")
+        for store, src in pairs:
+            store[layer][...] = src
