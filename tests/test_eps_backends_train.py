@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from l2l.checkpoint import load_latest
-from l2l.eps import AdamWHyper, HlsCsimBackend, NumpyBackend, OpenCLBackend
+from l2l.eps import AdamWHyper, HlsCsimBackend, NumpyBackend, OpenCLBackend, StepScalars
+from l2l.eps.numerics import COPY_DTYPES
+from l2l.eps.opencl_backend import BUILD_OPTIONS, kernel_source
+from l2l.errors import UserError
 from l2l.metrics import read_metrics
 from l2l.models import ModelConfig
 
@@ -92,8 +96,6 @@ def test_no_platform_is_one_line_naming_what_to_install(tmp_path):
 
 def test_task_launch_gives_the_same_bits():
     """FPGA kernels run as tasks (one work-item looping over n): the same source, launched so, agrees."""
-    from l2l.eps import StepScalars
-
     rng = np.random.default_rng(5)
     task, ref = OpenCLBackend(launch="task"), NumpyBackend()
     assert all(task._task.values())
@@ -110,3 +112,33 @@ def test_task_launch_gives_the_same_bits():
         for x, y in zip(task.read_state(layer), ref.read_state(layer)):
             assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
     assert not any(OpenCLBackend()._task.values())  # source kernels: NDRange
+
+
+def _binary_of(tmp_path, source: str, name: str):
+    backend = OpenCLBackend()
+    program = cl.Program(backend.context, source).build()
+    path = tmp_path / name
+    path.write_bytes(program.get_info(cl.program_info.BINARIES)[0])
+    return path
+
+
+def test_loaded_binary_must_expose_the_eps_kernels(tmp_path):
+    wrong = _binary_of(tmp_path, "__kernel void eps_check_f32(__global float *g) {}", "wrong.bin")
+    with pytest.raises(UserError, match="eps_check_f32 takes 1 arguments, expected 5"):
+        OpenCLBackend(binary=str(wrong))
+    other = _binary_of(tmp_path, "__kernel void saxpy(__global float *x) {}", "other.bin")
+    with pytest.raises(UserError, match="no EPS kernels"):
+        OpenCLBackend(binary=str(other))
+
+
+def test_a_kernel_missing_from_the_binary_is_named(tmp_path):
+    source = kernel_source().replace("EPS_COPY(bf16, ushort)", "")  # a binary built without one kernel
+    backend = OpenCLBackend()
+    path = tmp_path / "partial.bin"
+    path.write_bytes(cl.Program(backend.context, source).build(options=BUILD_OPTIONS)
+                     .get_info(cl.program_info.BINARIES)[0])
+    partial = OpenCLBackend(binary=str(path))
+    partial.allocate(0, np.ones(10, np.float32))
+    partial.write_copy(0, np.empty(10, np.float32))  # present: fine
+    with pytest.raises(UserError, match="no kernel eps_copy_bf16"):
+        partial.write_copy(0, np.empty(10, COPY_DTYPES["bf16"]))

@@ -34,6 +34,7 @@ INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl
                 "or 'pip install pocl-binary-distribution'")
 WORK_GROUP = 256  # 64, 256 and 1024 measured alike on PoCL; 256 suits GPUs too
 VECTOR = 8  # elements per work-item (VW in eps.cl)
+KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
 
 _PROBE = """
 import sys, pyopencl as cl
@@ -127,6 +128,7 @@ class OpenCLBackend(EpsBackend):
         self.queue = cl.CommandQueue(self.context, self.device)
         self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
+        self._check_kernels(binary)
         self._task = {name: launch == "task" or (launch == "auto" and self._is_task(kernel))
                       for name, kernel in self._kernels.items()}
         self._state: dict[int, tuple] = {}
@@ -189,16 +191,41 @@ class OpenCLBackend(EpsBackend):
             self._host_buffers.pop(next(iter(self._host_buffers)))
         return buf
 
+    def _check_kernels(self, binary: str | None) -> None:
+        """A program, above all a vendor-built binary, must expose the EPS kernels with
+        the argument counts of fpga/ARGS.md; say which one is wrong before training."""
+        where = f"--cl-binary {binary}" if binary else str(KERNEL_SOURCE)
+        found = False
+        for name, kernel in self._kernels.items():
+            family = name.split("_")[1] if name.startswith("eps_") else None
+            if family not in KERNEL_ARGS:
+                continue
+            found = True
+            nargs = kernel.get_info(self._cl.kernel_info.NUM_ARGS)
+            if nargs != KERNEL_ARGS[family]:
+                raise UserError(f"{where}: kernel {name} takes {nargs} arguments, expected "
+                                f"{KERNEL_ARGS[family]} (fpga/ARGS.md)")
+        if not found:
+            raise UserError(f"{where}: no EPS kernels (eps_check_*, eps_update_*, eps_copy_*) in the program")
+
+    def _kernel(self, name: str):
+        try:
+            return self._kernels[name]
+        except KeyError:
+            raise UserError(f"the OpenCL program has no kernel {name}; rebuild the binary with it "
+                            f"(hls/Makefile KERNELS=...)") from None
+
     def _is_task(self, kernel) -> bool:
         info = self._cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE
         return tuple(kernel.get_work_group_info(info, self.device)) == (1, 1, 1)
 
     def _launch(self, name: str, n: int, *args):
+        kernel = self._kernel(name)
         if self._task[name]:  # one work-item walks every vector (the kernels stride by the global size)
-            return self._kernels[name](self.queue, (1,), (1,), *args)
+            return kernel(self.queue, (1,), (1,), *args)
         items = n // VECTOR + 1
         global_size = ((items + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
-        return self._kernels[name](self.queue, (global_size,), (WORK_GROUP,), *args)
+        return kernel(self.queue, (global_size,), (WORK_GROUP,), *args)
 
     def _gradients_in(self, grads) -> tuple[object, int, np.dtype]:
         """The K contributions as one device buffer, back to back; (buffer, k, dtype)."""
