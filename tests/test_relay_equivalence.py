@@ -50,8 +50,9 @@ def test_micro_batch_count_does_not_change_the_step(corpus):
 
 
 def _reference_gradients(cfg, batch, micro_batches, step, seed, *, seed_shift=0):
-    """In-memory forward+backward of the whole model, micro-batch by micro-batch,
-    drawing each (layer, micro-batch)'s dropout masks from the relay's seeds."""
+    """In-memory forward+backward of the whole model, micro-batch by micro-batch, of the
+    batch's mean token loss, drawing each (layer, micro-batch)'s dropout masks from the
+    relay's seeds."""
     stack = build_stack(cfg, seed)
     stack.train(True)
     for mb_index, mb in enumerate(batch.split(micro_batches)):
@@ -59,7 +60,7 @@ def _reference_gradients(cfg, batch, micro_batches, step, seed, *, seed_shift=0)
         for i, layer in enumerate(stack.layers):
             with replay_rng(CPU, derive_seed(seed, step, i, mb_index) + seed_shift):
                 x = layer.module(x, mb.targets) if layer.kind == "post" else layer.module(x)
-        x.backward()
+        (x / batch.num_targets).backward()
     return [np.concatenate([dict(l.module.named_parameters())[s.name].grad.reshape(-1).numpy()
                             for s in l.layout.slots]) for l in stack.layers]
 

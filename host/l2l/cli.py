@@ -46,6 +46,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--engine", default=d.engine, help=f"{' | '.join(ENGINES)} (default %(default)s)")
     p.add_argument("--checkpointing", action="store_true", help="plain engine: recompute blocks in backward")
     p.add_argument("--stash", default=d.stash, help=f"{' | '.join(STASH)}: where stashed activations wait")
+    p.add_argument("--precision", default=d.precision,
+                   help="fp32 | bf16 | fp16: what the device computes in (fp16 with dynamic loss scaling)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data", default=None, help="text file or folder (default: this Python's stdlib sources)")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-ENGINE)")

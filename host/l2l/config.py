@@ -14,11 +14,12 @@ from .models import FAMILIES, ModelConfig
 ENGINES = ("l2l", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 STASH = ("device", "host")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 # Settings that define the trajectory of a run: a resume must not change them.
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
-                   "adam_eps", "seed", "data", "schedule_steps")
+                   "adam_eps", "seed", "data", "schedule_steps", "precision")
 
 
 @dataclass
@@ -48,6 +49,7 @@ class TrainConfig:
     engine: str = "l2l"
     checkpointing: bool = False
     stash: str = "device"
+    precision: str = "fp32"  # what the device computes in; the EPS keeps fp32 masters either way
     seed: int = 0
     data: str | None = None
     out: str | None = None
@@ -98,6 +100,10 @@ class TrainConfig:
              "--cl-platform/--cl-device/--cl-binary apply to --eps opencl")
         need(self.engine in ENGINES, f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        need(self.precision in PRECISIONS,
+             f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        need(self.precision == "fp32" or self.engine == "l2l",
+             "--precision bf16/fp16 is implemented for --engine l2l only")
         need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")
         need(self.layers >= 1, f"--layers must be at least 1 (got {self.layers})")
         need(self.d_model >= 1 and self.heads >= 1, "--d-model and --heads must be positive")

@@ -50,9 +50,10 @@ def build_engine(cfg: TrainConfig, stack, device: torch.device):
         return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing)
     transport = make_transport(device)
     eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
+                           copy_dtype=cfg.precision, grad_dtype=cfg.precision,
                            host_alloc=transport.host_alloc)
     return RelayEngine(stack, eps, device, micro_batches=cfg.micro_batches, stash=cfg.stash,
-                       seed=cfg.seed, transport=transport)
+                       seed=cfg.seed, transport=transport, precision=cfg.precision)
 
 
 def set_lr(engine, lr: float) -> None:
@@ -182,7 +183,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
             log.write({"step": done, "loss": result.loss, "val_loss": val, "lr": lr,
                        "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
                        "device_peak_bytes": result.device_peak_bytes,
-                       "device_weight_peak_bytes": result.device_weight_peak_bytes})
+                       "device_weight_peak_bytes": result.device_weight_peak_bytes,
+                       "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | val {val:.3f}" if val is not None else ""))

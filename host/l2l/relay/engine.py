@@ -22,6 +22,7 @@ from ..eps import EagerParamServer
 from ..models import Layer, LayerStack
 from .ledger import MemoryLedger
 from .rng import derive_seed, replay_rng
+from .scaler import LossScaler, scaler_for
 from .stash import BoundaryStore
 from .transport import make_transport
 
@@ -33,6 +34,8 @@ class StepResult:
     eps_wait_s: float
     device_peak_bytes: int
     device_weight_peak_bytes: int
+    loss_scale: float = 1.0      # the scale this step's backward used
+    skipped_layers: int = 0      # layers of the previous step whose update overflowed (fp16)
 
 
 def _strip_parameters(module: torch.nn.Module, device: torch.device) -> None:
@@ -77,7 +80,7 @@ class RelayEngine:
 
     def __init__(self, stack: LayerStack, eps: EagerParamServer, device: torch.device, *,
                  micro_batches: int, stash: str = "device", seed: int = 0,
-                 transport=None) -> None:
+                 transport=None, precision: str = "fp32") -> None:
         self.stack = stack
         self.eps = eps
         self.device = device
@@ -86,6 +89,8 @@ class RelayEngine:
         self.seed = seed
         self.transport = transport or make_transport(device)
         self.ledger = MemoryLedger()
+        self.scaler: LossScaler = scaler_for(precision)
+        self._history_seen = 0
         self.layers = stack.layers
         for i, layer in enumerate(self.layers):
             if i not in eps.layers:
@@ -114,9 +119,22 @@ class RelayEngine:
         fetched.enable_grad(self.transport.gradient_buffer(inbox))
         self.ledger.add("grads", _nbytes(fetched.grad))
 
-    def _hand_over(self, i: int, fetched: _FetchedLayer, divisor: int) -> None:
+    def _hand_over(self, i: int, fetched: _FetchedLayer, scale: float) -> None:
         ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i))
-        self.eps.push_gradient(i, divisor=divisor, ready=ready)
+        self.eps.push_gradient(i, divisor=1.0, loss_scale=scale, ready=ready)
+
+    def _settle_previous_step(self) -> int:
+        """Wait for the previous step's updates (the forward needs layer 0 first, whose
+        update is queued last, so this costs no overlap), count the layers whose
+        gradient overflowed, and move the loss scale."""
+        self.eps.synchronize()
+        records = self.eps.history[self._history_seen:]
+        self._history_seen = len(self.eps.history)
+        if not records:
+            return 0
+        skipped = sum(not r.finite for r in records)
+        self.scaler.update(skipped > 0)
+        return skipped
 
     # ------------------------------------------------------------ helpers
     def _split(self, batch: Batch):
@@ -139,6 +157,12 @@ class RelayEngine:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         wait_before = self.eps.wait_seconds
+        skipped = self._settle_previous_step()
+        scale = self.scaler.scale
+        # Backward runs on the loss mean times the scale, so fp16 gradients have the
+        # magnitude torch's GradScaler would give; the EPS divides the scale out
+        # (the contract's inv_scale = 1 / (loss_scale * divisor), divisor 1 here).
+        multiplier = scale / batch.num_targets
         mbs = self._split(batch)
         divisor = batch.num_targets
         store = BoundaryStore(self.stash_policy, self.transport, self.ledger)
@@ -170,12 +194,12 @@ class RelayEngine:
             held = self._track(h)
             with self._rng(step, last, j):
                 part = layer(h, targets)
-            part.backward()
+            (part * multiplier).backward()
             loss_sum += part.detach()
             store.put(("grad", last, j), h.grad)
             self.ledger.sub("boundary", held)
             del h, part
-        self._hand_over(last, layer, divisor)
+        self._hand_over(last, layer, scale)
         self._release(layer)
 
         # backward: blocks and pre in reverse, recomputed from the stash
@@ -194,7 +218,7 @@ class RelayEngine:
                     store.put(("grad", i, j), x.grad)
                 self.ledger.sub("boundary", held)
                 del x, y, upstream
-            self._hand_over(i, layer, divisor)
+            self._hand_over(i, layer, scale)
             self._release(layer)
             self.eps.poll()
 
@@ -206,6 +230,8 @@ class RelayEngine:
             eps_wait_s=self.eps.wait_seconds - wait_before,
             device_peak_bytes=self._device_peak(),
             device_weight_peak_bytes=self.ledger.weight_peak,
+            loss_scale=scale,
+            skipped_layers=skipped,
         )
 
     def _device_peak(self) -> int:
@@ -241,10 +267,14 @@ class RelayEngine:
         return self.eps.state_tensors()
 
     def state_meta(self) -> dict:
-        return self.eps.state_meta()
+        self._settle_previous_step()
+        return {**self.eps.state_meta(), "loss_scaler": self.scaler.state_dict()}
 
     def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
         self.eps.load_state(tensors, meta)
+        if "loss_scaler" in meta:
+            self.scaler.load_state_dict(meta["loss_scaler"])
+        self._history_seen = len(self.eps.history)
 
     def master_weights(self) -> list[np.ndarray]:
         """fp32 master weights per layer (for tests and comparison with the baseline)."""
