@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", required=True, help="file to write (then: l2l train --eps opencl --cl-binary FILE)")
     o.add_argument("--cl-platform", default=None)
     o.add_argument("--cl-device", default=None)
+    sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
+                                "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput)")
     b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see `l2l bench relay --help`)")
@@ -110,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["plan"]:  # all of its options are the planner's own (argparse REMAINDER
+            from .planner import run_plan  # cannot take a leading --option)
+            return run_plan(argv[1:])
         args = build_parser().parse_args(argv)
         handler = {"train": _cmd_train, "info": _cmd_info, "bench": _cmd_bench,
                    "opencl-binary": _cmd_opencl_binary}[args.command]
