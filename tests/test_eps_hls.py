@@ -36,7 +36,6 @@ from l2l.errors import UserError
 from test_eps_contract import (  # tests/ is on sys.path under pytest
     HYPERS,
     SPECIAL_SCALARS,
-    Oracle,
     _bits_of,
     _copy_tie_values,
     _f32_from_bits,
@@ -46,7 +45,6 @@ from test_eps_contract import (  # tests/ is on sys.path under pytest
     _round_bits,
     _specials,
     _widen,
-    assert_bits,
     custom_scalars,
     grad_array,
     nonfinite_grads,
@@ -55,156 +53,16 @@ from test_eps_contract import (  # tests/ is on sys.path under pytest
     wide_grad_bits,
 )
 
+from eps_twin import DTYPES, FORMS, Twin, assert_same, grads_of, new_layer, oracle_ties, sentinel, wide_state  # noqa: E501
+
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
-FMT_OF = {np.dtype(np.float32): "fp32", COPY_DTYPES["bf16"]: "bf16", np.dtype(np.float16): "fp16"}
-DTYPES = ["fp32", "bf16", "fp16"]
 TILE = 1024  # eps::TILE in hls/eps_kernels.cpp: elements per burst
-_LAYER_IDS = itertools.count(20_000)
-
-
-def new_layer() -> int:
-    """A layer id no other test of this module uses on the shared backend."""
-    return next(_LAYER_IDS)
-
-
 @pytest.fixture(scope="module")
 def hls():
     backend = HlsCsimBackend()
     yield backend
     backend.close()
-
-
-# --------------------------------------------------------------------------
-# comparison helpers
-# --------------------------------------------------------------------------
-
-
-def _hex(a, i) -> str:
-    a = np.ascontiguousarray(a)
-    width = a.dtype.itemsize * 2
-    return f"0x{int(_bits_of(a)[i]):0{width}x}"
-
-
-def assert_same(got, want, what, inputs=None):
-    """``got`` has ``want``'s dtype, shape and bits (NaN == NaN); on failure the inputs
-    of the first differing elements are in the message."""
-    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.dtype, want.shape)
-    fmt = FMT_OF[got.dtype]
-    a, e = _bits_of(got), _bits_of(want)
-    ok = (a == e) | (_is_nan_bits(a, fmt) & _is_nan_bits(e, fmt))
-    if ok.all():
-        return
-    detail = ""
-    if inputs:
-        arrays = {k: x for k, x in inputs.items() if isinstance(x, np.ndarray)}
-        scal = {k: x for k, x in inputs.items() if not isinstance(x, np.ndarray)}
-        rows = []
-        for i in np.flatnonzero(~ok)[:4]:
-            rows.append(f"  input [{i}]: " + ", ".join(f"{k}={_hex(x, i)}" for k, x in arrays.items()))
-        rows.append("  scalars: " + ", ".join(f"{k}={x!r}" for k, x in scal.items()))
-        detail = "\n" + "\n".join(rows)
-    assert_bits(got, e, fmt, f"{what} (HLS C-sim vs NumPy){detail}")
-
-
-def sentinel(n: int, cdtype: str) -> np.ndarray:
-    """A device-copy array filled with a recognisable pattern (bits 0x5a5a...)."""
-    out = np.empty(n, COPY_DTYPES[cdtype])
-    out.view(np.uint8)[:] = 0x5A
-    return out
-
-
-def scalar_dict(s: StepScalars) -> dict:
-    return {k: f"0x{int(np.asarray(v).view(np.uint32)):08x}" for k, v in zip(StepScalars.names(), s.as_tuple())}
-
-
-class Twin:
-    """One layer held by a fresh NumpyBackend and by the HLS backend, stepped in lockstep."""
-
-    def __init__(self, backend, p, m=None, v=None, layer=None):
-        self.ref, self.hls = NumpyBackend(), backend
-        self.layer = new_layer() if layer is None else layer
-        self.n = p.shape[0]
-        for be in (self.ref, self.hls):
-            be.allocate(self.layer, p)
-            if m is not None:
-                be.write_state(self.layer, p, m, v)
-        self.check_state("after allocate/write_state")
-
-    def check_state(self, what, inputs=None):
-        ref, got = self.ref.read_state(self.layer), self.hls.read_state(self.layer)
-        for name, r, g in zip("pmv", ref, got):
-            assert_same(g, r, f"{what}: {name}", inputs)
-        return ref
-
-    def step(self, grads, s: StepScalars, cdtype: str, what: str, expect_finite=None, form="list",
-             copies=None) -> bool:
-        """One update on both; ``grads`` is a list of K arrays, passed as ``form`` (see
-        as_form). ``copies``: (NumPy's, HLS's) device-copy arrays reused across steps;
-        by default fresh arrays holding a sentinel."""
-        p, m, v = self.ref.read_state(self.layer)
-        inputs = {"p": p, "m": m, "v": v, **{f"g{k}": g for k, g in enumerate(grads)}, **scalar_dict(s)}
-        inputs["copy"] = cdtype
-        inputs["form"] = form
-        c_ref, c_hls = copies if copies is not None else (sentinel(self.n, cdtype), sentinel(self.n, cdtype))
-        before = c_hls.copy()
-        arg = as_form(grads, form)
-        f_ref = self.ref.step(self.layer, arg, s, c_ref)
-        f_hls = self.hls.step(self.layer, arg, s, c_hls)
-        assert f_hls is f_ref, f"{what}: finite flag HLS {f_hls} vs NumPy {f_ref}"
-        if expect_finite is not None:
-            assert f_ref is expect_finite, f"{what}: test vectors meant to give finite={expect_finite}"
-        self.check_state(what, inputs)
-        assert_same(c_hls, c_ref, f"{what}: device copy {cdtype}", inputs)
-        if not f_ref:  # nothing written: what was there before is still there
-            assert_same(c_hls, before, f"{what}: device copy written on a non-finite step")
-        return f_ref
-
-    def write_copy(self, cdtype: str, what: str):
-        c_ref, c_hls = sentinel(self.n, cdtype), sentinel(self.n, cdtype)
-        self.ref.write_copy(self.layer, c_ref)
-        self.hls.write_copy(self.layer, c_hls)
-        p = self.ref.read_state(self.layer)[0]
-        assert_same(c_hls, c_ref, f"{what}: write_copy {cdtype}", {"p": p})
-        return c_ref
-
-
-def grads_of(grad_bits, gdtype):
-    return [grad_array(b, gdtype) for b in grad_bits]
-
-
-FORMS = ["list", "block", "strided"]
-
-
-def as_form(grads, form):
-    """The K contributions as a backend receives them: a list of K arrays ("list"), one
-    C-contiguous (K, n) array ("block", what the server passes), or a non-contiguous (K, n)
-    view ("strided": every other column of a wider array); "given": ``grads`` itself."""
-    if form == "given":
-        return grads
-    if form == "list":
-        return list(grads)
-    if form == "block":
-        return np.stack(grads)
-    assert form == "strided"
-    wide = np.zeros((len(grads), 2 * grads[0].shape[0]), grads[0].dtype)
-    wide[:, ::2] = np.stack(grads)
-    return wide[:, ::2]
-
-
-def wide_state(rng, n):
-    return wide_f32(rng, n), wide_f32(rng, n), wide_f32(rng, n, nonneg=True)
-
-
-def oracle_ties(p, m, v, grad_bits, gdtype, s, cdtype) -> Oracle:
-    """The contract oracle's tie counters for these inputs: proves a construction really ties."""
-    o = Oracle()
-    g, finite = o.reduce(grad_bits, gdtype, s.inv_scale)
-    assert finite
-    p2, _, _ = o.adamw(p.astype(np.float64), m.astype(np.float64), v.astype(np.float64), g, s)
-    o.copy_bits(p2, cdtype)
-    return o
 
 
 # --------------------------------------------------------------------------
@@ -284,7 +142,7 @@ def test_every_16_bit_gradient_pattern(hls, gdtype):
     s = custom_scalars(b1=1.0, omb1=1.0, b2=1.0, omb2=1.0)
     tw = Twin(hls, wide_f32(np.random.default_rng(731), n), z, z)
     tw.step(grads_of([bits], gdtype), s, "fp32", f"every {gdtype} pattern", expect_finite=True)
-    np.testing.assert_array_equal(_bits_of(tw.hls.read_state(tw.layer)[1]),
+    np.testing.assert_array_equal(_bits_of(tw.dut.read_state(tw.layer)[1]),
                                   _round_bits(0.0 + _widen(bits, gdtype), "fp32")[0])
     tw = Twin(hls, wide_f32(np.random.default_rng(732), n), z, z)
     tw.step(grads_of([bits, bits[::-1].copy()], gdtype), custom_scalars(inv_scale=0.5), "bf16",
@@ -457,7 +315,7 @@ def test_nonfinite_gradient_changes_nothing(hls, case, K, gdtype):
         copies = (sentinel(n, cdtype), sentinel(n, cdtype))
         tw.step(grads_of(grad_bits, gdtype), s, cdtype, f"{case} K={K} {gdtype}->{cdtype} at {i} {form}",
                 expect_finite=False, form=form, copies=copies)
-        for name, got in zip("pmv", tw.hls.read_state(tw.layer)):
+        for name, got in zip("pmv", tw.dut.read_state(tw.layer)):
             assert_same(got, {"p": p, "m": m, "v": v}[name], f"{case}: HLS {name} changed")
         assert_same(copies[1], sentinel(n, cdtype), f"{case}: device copy written")
         ok_bits = [wide_grad_bits(rng, n, gdtype) for _ in range(K)]
@@ -601,7 +459,7 @@ def test_bad_gradient_shape_changes_nothing(hls):
     tw = Twin(hls, *wide_state(rng, n))
     s = StepScalars.compute(AdamWHyper(), 1)
     for grads in ([np.ones(n - 1, np.float32)], np.ones((2, n + 8), np.float32)):
-        for be in (tw.ref, tw.hls):
+        for be in (tw.ref, tw.dut):
             copy = sentinel(n, "fp32")
             with pytest.raises(ValueError):
                 be.step(tw.layer, grads, s, copy)
@@ -615,7 +473,7 @@ def test_bad_gradient_shape_changes_nothing(hls):
                        ([np.ones(n, np.float32)], sentinel(n - 1, "fp32")),
                        ([np.ones(n, np.float32)], np.broadcast_to(sentinel(1, "fp32"), (n,)))):
         with pytest.raises(ValueError):
-            tw.hls.step(tw.layer, grads, s, out)
+            tw.dut.step(tw.layer, grads, s, out)
     assert_same(copy, sentinel(n, "fp32"), "device copy written by a refused step")
     tw.check_state("after refused steps")
     tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], s, "bf16", "good step after refused ones",
@@ -631,7 +489,7 @@ def test_strided_copy_out(hls):
     tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], StepScalars.compute(AdamWHyper(), 1), "fp16",
             "strided copy_out", expect_finite=True, copies=(wide[0][::2], wide[1][::2]))
     assert_same(wide[1], wide[0], "strided copy_out with the gaps")
-    for be, w in zip((tw.ref, tw.hls), wide):
+    for be, w in zip((tw.ref, tw.dut), wide):
         be.write_copy(tw.layer, w[1::2])
     assert_same(wide[1], wide[0], "strided write_copy")
 

@@ -26,17 +26,14 @@ from test_eps_contract import (  # tests/ is on sys.path under pytest
     HYPERS,
     SPECIAL_SCALARS,
     _NAN,
-    Oracle,
     _bits_of,
     _copy_tie_values,
     _f32_from_bits,
-    _is_nan_bits,
     _nonfinite_cases,
     _odd_f32,
     _round_bits,
     _specials,
     _widen,
-    assert_bits,
     custom_scalars,
     grad_array,
     nonfinite_grads,
@@ -45,155 +42,15 @@ from test_eps_contract import (  # tests/ is on sys.path under pytest
     wide_grad_bits,
 )
 
+from eps_twin import DTYPES, FORMS, Twin, assert_same, grads_of, new_layer, oracle_ties, sentinel, wide_state  # noqa: E501
+
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
-
-FMT_OF = {np.dtype(np.float32): "fp32", COPY_DTYPES["bf16"]: "bf16", np.dtype(np.float16): "fp16"}
-DTYPES = ["fp32", "bf16", "fp16"]
-_LAYER_IDS = itertools.count(10_000)
-
-
-def new_layer() -> int:
-    """A layer id no other test of this module uses on the shared backend."""
-    return next(_LAYER_IDS)
-
 
 @pytest.fixture(scope="module")
 def ocl():
     backend = OpenCLBackend()
     yield backend
     backend.close()
-
-
-# --------------------------------------------------------------------------
-# comparison helpers
-# --------------------------------------------------------------------------
-
-
-def _hex(a, i) -> str:
-    a = np.ascontiguousarray(a)
-    width = a.dtype.itemsize * 2
-    return f"0x{int(_bits_of(a)[i]):0{width}x}"
-
-
-def assert_same(got, want, what, inputs=None):
-    """``got`` has ``want``'s dtype, shape and bits (NaN == NaN); on failure the inputs
-    of the first differing elements are in the message."""
-    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.dtype, want.shape)
-    fmt = FMT_OF[got.dtype]
-    a, e = _bits_of(got), _bits_of(want)
-    ok = (a == e) | (_is_nan_bits(a, fmt) & _is_nan_bits(e, fmt))
-    if ok.all():
-        return
-    detail = ""
-    if inputs:
-        arrays = {k: x for k, x in inputs.items() if isinstance(x, np.ndarray)}
-        scal = {k: x for k, x in inputs.items() if not isinstance(x, np.ndarray)}
-        rows = []
-        for i in np.flatnonzero(~ok)[:4]:
-            rows.append(f"  input [{i}]: " + ", ".join(f"{k}={_hex(x, i)}" for k, x in arrays.items()))
-        rows.append("  scalars: " + ", ".join(f"{k}={x!r}" for k, x in scal.items()))
-        detail = "\n" + "\n".join(rows)
-    assert_bits(got, e, fmt, f"{what} (OpenCL vs NumPy){detail}")
-
-
-def sentinel(n: int, cdtype: str) -> np.ndarray:
-    """A device-copy array filled with a recognisable pattern (bits 0x5a5a...)."""
-    out = np.empty(n, COPY_DTYPES[cdtype])
-    out.view(np.uint8)[:] = 0x5A
-    return out
-
-
-def scalar_dict(s: StepScalars) -> dict:
-    return {k: f"0x{int(np.asarray(v).view(np.uint32)):08x}" for k, v in zip(StepScalars.names(), s.as_tuple())}
-
-
-class Twin:
-    """One layer held by a fresh NumpyBackend and by an OpenCL backend, stepped in lockstep."""
-
-    def __init__(self, backend, p, m=None, v=None, layer=None):
-        self.ref, self.ocl = NumpyBackend(), backend
-        self.layer = new_layer() if layer is None else layer
-        self.n = p.shape[0]
-        for be in (self.ref, self.ocl):
-            be.allocate(self.layer, p)
-            if m is not None:
-                be.write_state(self.layer, p, m, v)
-        self.check_state("after allocate/write_state")
-
-    def check_state(self, what, inputs=None):
-        ref, got = self.ref.read_state(self.layer), self.ocl.read_state(self.layer)
-        for name, r, g in zip("pmv", ref, got):
-            assert_same(g, r, f"{what}: {name}", inputs)
-        return ref
-
-    def step(self, grads, s: StepScalars, cdtype: str, what: str, expect_finite=None, form="list",
-             copies=None) -> bool:
-        """One update on both; ``grads`` is a list of K arrays, passed as ``form`` (see
-        as_form). ``copies``: (NumPy's, OpenCL's) device-copy arrays reused across steps;
-        by default fresh arrays holding a sentinel."""
-        p, m, v = self.ref.read_state(self.layer)
-        inputs = {"p": p, "m": m, "v": v, **{f"g{k}": g for k, g in enumerate(grads)}, **scalar_dict(s)}
-        inputs["copy"] = cdtype
-        inputs["form"] = form
-        c_ref, c_ocl = copies if copies is not None else (sentinel(self.n, cdtype), sentinel(self.n, cdtype))
-        before = c_ocl.copy()
-        arg = as_form(grads, form)
-        f_ref = self.ref.step(self.layer, arg, s, c_ref)
-        f_ocl = self.ocl.step(self.layer, arg, s, c_ocl)
-        assert f_ocl is f_ref, f"{what}: finite flag OpenCL {f_ocl} vs NumPy {f_ref}"
-        if expect_finite is not None:
-            assert f_ref is expect_finite, f"{what}: test vectors meant to give finite={expect_finite}"
-        self.check_state(what, inputs)
-        assert_same(c_ocl, c_ref, f"{what}: device copy {cdtype}", inputs)
-        if not f_ref:  # nothing written: what was there before is still there
-            assert_same(c_ocl, before, f"{what}: device copy written on a non-finite step")
-        return f_ref
-
-    def write_copy(self, cdtype: str, what: str):
-        c_ref, c_ocl = sentinel(self.n, cdtype), sentinel(self.n, cdtype)
-        self.ref.write_copy(self.layer, c_ref)
-        self.ocl.write_copy(self.layer, c_ocl)
-        p = self.ref.read_state(self.layer)[0]
-        assert_same(c_ocl, c_ref, f"{what}: write_copy {cdtype}", {"p": p})
-        return c_ref
-
-
-def grads_of(grad_bits, gdtype):
-    return [grad_array(b, gdtype) for b in grad_bits]
-
-
-FORMS = ["list", "block", "strided"]
-
-
-def as_form(grads, form):
-    """The K contributions as a backend receives them: a list of K arrays ("list"), one
-    C-contiguous (K, n) array ("block", what the server passes), or a non-contiguous (K, n)
-    view ("strided": every other column of a wider array); "given": ``grads`` itself."""
-    if form == "given":
-        return grads
-    if form == "list":
-        return list(grads)
-    if form == "block":
-        return np.stack(grads)
-    assert form == "strided"
-    wide = np.zeros((len(grads), 2 * grads[0].shape[0]), grads[0].dtype)
-    wide[:, ::2] = np.stack(grads)
-    return wide[:, ::2]
-
-
-def wide_state(rng, n):
-    return wide_f32(rng, n), wide_f32(rng, n), wide_f32(rng, n, nonneg=True)
-
-
-def oracle_ties(p, m, v, grad_bits, gdtype, s, cdtype) -> Oracle:
-    """The contract oracle's tie counters for these inputs: proves a construction really ties."""
-    o = Oracle()
-    g, finite = o.reduce(grad_bits, gdtype, s.inv_scale)
-    assert finite
-    p2, _, _ = o.adamw(p.astype(np.float64), m.astype(np.float64), v.astype(np.float64), g, s)
-    o.copy_bits(p2, cdtype)
-    return o
 
 
 # --------------------------------------------------------------------------
@@ -402,7 +259,7 @@ def test_nonfinite_gradient_changes_nothing(ocl, case, K, gdtype):
         copies = (sentinel(n, cdtype), sentinel(n, cdtype))
         tw.step(grads_of(grad_bits, gdtype), s, cdtype, f"{case} K={K} {gdtype}->{cdtype} at {i} {form}",
                 expect_finite=False, form=form, copies=copies)
-        for name, got in zip("pmv", tw.ocl.read_state(tw.layer)):
+        for name, got in zip("pmv", tw.dut.read_state(tw.layer)):
             assert_same(got, {"p": p, "m": m, "v": v}[name], f"{case}: OpenCL {name} changed")
         assert_same(copies[1], sentinel(n, cdtype), f"{case}: device copy written")
         ok_bits = [wide_grad_bits(rng, n, gdtype) for _ in range(K)]
@@ -512,14 +369,14 @@ def test_bad_gradient_shape_changes_nothing(ocl):
     tw = Twin(ocl, *wide_state(rng, n))
     s = StepScalars.compute(AdamWHyper(), 1)
     for grads in ([np.ones(n - 1, np.float32)], np.ones((2, n + 8), np.float32)):
-        for be in (tw.ref, tw.ocl):
+        for be in (tw.ref, tw.dut):
             copy = sentinel(n, "fp32")
             with pytest.raises(ValueError):
                 be.step(tw.layer, grads, s, copy)
             assert_same(copy, sentinel(n, "fp32"), f"{be.name}: device copy written by a refused step")
         tw.check_state("after a refused step")
     p0 = tw.ref.read_state(tw.layer)[0]
-    assert_same(tw.ocl.read_state(tw.layer)[0], p0, "p after refused steps")
+    assert_same(tw.dut.read_state(tw.layer)[0], p0, "p after refused steps")
     tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], s, "bf16", "good step after refused ones",
             expect_finite=True)
 
