@@ -12,7 +12,7 @@ TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4,<3' 
 RUN    ?= runs/train-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test opencl-platform train test bench clean
+.PHONY: setup setup-test opencl-platform rtl-tools train test bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed"' \
@@ -31,6 +31,7 @@ $(VENV)/.setup: pyproject.toml | $(BIN)/python
 $(VENV)/.setup-test: $(VENV)/.setup
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@$(MAKE) --no-print-directory opencl-platform
+	@$(MAKE) --no-print-directory rtl-tools
 	touch $@
 
 # The OpenCL EPS runs on any OpenCL platform; CI and CPU machines use PoCL.
@@ -47,6 +48,16 @@ opencl-platform: | $(BIN)/python
 	  echo "  system-wide instead: sudo apt-get install pocl-opencl-icd"; \
 	  $(BIN)/python -m pip install -q pocl-binary-distribution; \
 	fi
+
+# The RTL EPS (fpga/rtl) is simulated with Icarus Verilog through cocotb and
+# its area estimated with yosys: Debian's iverilog and yosys, installed as root.
+rtl-tools:
+	@missing=""; for t in iverilog yosys; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -z "$$missing" ]; then echo "RTL tools: $$(iverilog -V 2>&1 | head -1), $$(yosys -V)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian$$missing (RTL simulation and synthesis estimate)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "make: missing$$missing: install with 'sudo apt-get install$$missing' (the RTL tests need them)"; exit 1; fi
 
 setup: $(VENV)/.setup
 setup-test: $(VENV)/.setup-test
