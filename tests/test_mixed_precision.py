@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
 from l2l.metrics import read_metrics
 from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
 from l2l.relay.scaler import LossScaler
+
+from l2l.plain import PlainEngine
 
 from conftest import CPU, run_cli, sampler_for
 
@@ -90,6 +93,91 @@ def test_fp16_resume_is_exact(tmp_path):
     assert [(x["loss"], x["loss_scale"]) for x in read_metrics(parts / "metrics.jsonl")] == want
 
 
-def test_low_precision_baseline_is_refused(tmp_path):
-    r = run_cli("train", "--engine", "plain", "--precision", "bf16", "--out", str(tmp_path / "r"))
-    assert r.returncode == 2 and "--engine l2l only" in r.stderr
+def _strict_pair(precision: str, *, clip: float | None, scale: float | None = None):
+    """The relay in --overflow strict and the plain engine (GradScaler for fp16), same start."""
+    cfg = ModelConfig(layers=2, d_model=64, heads=4, seq_len=64, dropout=0.0)
+    eps = EagerParamServer(NumpyBackend(), HYPER, copy_dtype=precision, grad_dtype=precision)
+    relay = RelayEngine(build_stack(cfg, 0), eps, CPU, micro_batches=2, precision=precision,
+                        overflow="strict", clip_grad_norm=clip)
+    if scale is not None:
+        relay.scaler.scale = scale
+    base = PlainEngine(build_stack(cfg, 0), HYPER, CPU, precision=precision, clip_grad_norm=clip,
+                       loss_scale=scale)
+    return cfg, relay, base
+
+
+def test_strict_fp16_matches_gradscaler(corpus):
+    """--overflow strict: the same steps skipped, the same scales, losses within 1e-3.
+
+    The initial scale 2**20 makes the first steps overflow (the fp16 gradients of a
+    loss times 2**20 are inf) until the scale has backed off far enough.
+    """
+    cfg, relay, base = _strict_pair("fp16", clip=1.0, scale=2.0 ** 20)
+    sampler = sampler_for(corpus, cfg, batch_size=8)
+    skipped = []
+    for step in range(10):
+        a = relay.train_step(sampler.batch(step), step)
+        b = base.train_step(sampler.batch(step), step)
+        assert a.loss_scale == b.loss_scale, step
+        assert a.skipped_layers == b.skipped_layers, step
+        assert abs(a.loss - b.loss) <= 1e-3 * abs(b.loss), (step, a.loss, b.loss)
+        if not a.skipped_layers:
+            assert abs(a.grad_norm - b.grad_norm) <= 1e-3 * b.grad_norm, (step, a.grad_norm, b.grad_norm)
+        skipped.append(a.skipped_layers > 0)
+    assert skipped[0] and not skipped[-1], skipped  # both behaviours were exercised
+    relay.eps.synchronize()
+    steps = {relay.eps.step_count(i) for i in range(len(relay.layers))}
+    assert steps == {skipped.count(False)}  # a skipped step left every layer's count alone
+
+
+def test_strict_clipping_matches_clip_grad_norm(corpus):
+    """fp32, --clip-grad-norm below the gradients' norm: the relay clips as torch does."""
+    cfg, relay, base = _strict_pair("fp32", clip=0.5)
+    sampler = sampler_for(corpus, cfg, batch_size=8)
+    for step in range(6):
+        a = relay.train_step(sampler.batch(step), step)
+        b = base.train_step(sampler.batch(step), step)
+        assert a.grad_norm > 0.5  # the clip was active
+        assert abs(a.grad_norm - b.grad_norm) <= 1e-4 * b.grad_norm, (step, a.grad_norm, b.grad_norm)
+        assert abs(a.loss - b.loss) <= 1e-5 * b.loss, (step, a.loss, b.loss)
+    unclipped = _strict_pair("fp32", clip=None)[1]
+    for step in range(6):
+        unclipped.train_step(sampler.batch(step), step)
+    # clipping changed the trajectory: the weights differ from an unclipped run
+    assert not np.array_equal(relay.master_weights()[1], unclipped.master_weights()[1])
+
+
+def test_strict_injected_overflow_skips_the_whole_step(corpus):
+    """One layer's inf makes the whole step skip (every layer), and the scale backs off at once."""
+    cfg, relay, _ = _strict_pair("fp16", clip=None)
+    sampler = sampler_for(corpus, cfg, batch_size=8)
+    hand_over = relay._hand_over
+
+    def poisoned(i, fetched, scale, _step=[0]):
+        if i == 2 and _step[0] == 1:
+            fetched.grad[3] = float("inf")
+        if i == 0:
+            _step[0] += 1
+        return hand_over(i, fetched, scale)
+
+    relay._hand_over = poisoned
+    results = [relay.train_step(sampler.batch(s), s) for s in range(3)]
+    relay.eps.synchronize()
+    assert [r.skipped_layers for r in results] == [0, len(relay.layers), 0]
+    assert [r.loss_scale for r in results] == [2.0 ** 16, 2.0 ** 16, 2.0 ** 15]
+    assert {relay.eps.step_count(i) for i in range(len(relay.layers))} == {2}
+
+
+def test_clipping_needs_strict(tmp_path):
+    r = run_cli("train", "--clip-grad-norm", "1.0", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and "--overflow strict" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plain_fp16_uses_gradscaler(corpus):
+    """The baseline in fp16: fp32 masters, fp16 compute, a GradScaler that backs off on overflow."""
+    cfg = ModelConfig(layers=2, d_model=64, heads=4, seq_len=64, dropout=0.0)
+    base = PlainEngine(build_stack(cfg, 0), HYPER, CPU, precision="fp16", loss_scale=2.0 ** 40)
+    sampler = sampler_for(corpus, cfg, batch_size=8)
+    first = base.train_step(sampler.batch(0), 0)
+    assert first.skipped_layers == len(base.modules) and base.scaler.get_scale() == 2.0 ** 39
+    assert all(p.dtype == torch.float32 for p in base.params)

@@ -48,6 +48,11 @@ def _train_parser(sub) -> None:
     p.add_argument("--stash", default=d.stash, help=f"{' | '.join(STASH)}: where stashed activations wait")
     p.add_argument("--precision", default=d.precision,
                    help="fp32 | bf16 | fp16: what the device computes in (fp16 with dynamic loss scaling)")
+    p.add_argument("--overflow", default=d.overflow,
+                   help="eager: an overflowing layer skips its own update (default); strict: updates wait for "
+                        "the end of backward and the whole step is applied or skipped, as torch's GradScaler does")
+    p.add_argument("--clip-grad-norm", type=float, default=None,
+                   help="clip gradients to this global L2 norm (needs --overflow strict with --engine l2l)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data", default=None, help="text file or folder (default: this Python's stdlib sources)")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-ENGINE)")

@@ -15,11 +15,13 @@ ENGINES = ("l2l", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 STASH = ("device", "host")
 PRECISIONS = ("fp32", "bf16", "fp16")
+OVERFLOW = ("eager", "strict")
 
 # Settings that define the trajectory of a run: a resume must not change them.
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
-                   "adam_eps", "seed", "data", "schedule_steps", "precision")
+                   "adam_eps", "seed", "data", "schedule_steps", "precision", "overflow",
+                   "clip_grad_norm")
 
 
 @dataclass
@@ -50,6 +52,8 @@ class TrainConfig:
     checkpointing: bool = False
     stash: str = "device"
     precision: str = "fp32"  # what the device computes in; the EPS keeps fp32 masters either way
+    overflow: str = "eager"  # eager: per-layer skip on overflow; strict: whole step, GradScaler-exact
+    clip_grad_norm: float | None = None  # global-norm clipping (needs --overflow strict on l2l)
     seed: int = 0
     data: str | None = None
     out: str | None = None
@@ -102,8 +106,11 @@ class TrainConfig:
         need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         need(self.precision in PRECISIONS,
              f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        need(self.precision == "fp32" or self.engine == "l2l",
-             "--precision bf16/fp16 is implemented for --engine l2l only")
+        need(self.overflow in OVERFLOW, f"unknown --overflow {self.overflow!r}; choose one of {', '.join(OVERFLOW)}")
+        need(self.clip_grad_norm is None or self.clip_grad_norm > 0,
+             f"--clip-grad-norm must be positive (got {self.clip_grad_norm})")
+        need(self.clip_grad_norm is None or self.engine == "plain" or self.overflow == "strict",
+             "--clip-grad-norm needs --overflow strict: eager updates cannot wait for the global gradient norm")
         need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")
         need(self.layers >= 1, f"--layers must be at least 1 (got {self.layers})")
         need(self.d_model >= 1 and self.heads >= 1, "--d-model and --heads must be positive")

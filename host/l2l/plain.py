@@ -4,42 +4,69 @@ Every weight lives on the device for the whole step and the full batch runs
 at once; ``checkpointing=True`` recomputes each block in backward
 (``torch.utils.checkpoint``), the same recompute the relay pays. This is the
 yardstick for the relay's correctness and speed.
+
+Mixed precision the way the relay does it: fp32 master parameters (the
+optimizer's), the forward computed with bf16/fp16 copies of them
+(``functional_call`` on cast weights, so gradients flow back into fp32), and
+for fp16 ``torch.amp.GradScaler`` -- the reference the relay's
+``--overflow strict`` mode is tested against.
 """
 from __future__ import annotations
 
 
 import numpy as np
 import torch
+from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .data import Batch
 from .eps import AdamWHyper
 from .models import LayerStack
 from .relay.engine import StepResult
+from .relay.scaler import LossScaler
+
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class PlainEngine:
     name = "plain"
 
     def __init__(self, stack: LayerStack, hyper: AdamWHyper, device: torch.device, *,
-                 checkpointing: bool = False) -> None:
+                 checkpointing: bool = False, precision: str = "fp32",
+                 clip_grad_norm: float | None = None, loss_scale: float | None = None) -> None:
         self.stack = stack
         self.device = device
         self.checkpointing = checkpointing
+        self.compute_dtype = COMPUTE_DTYPES[precision]
+        self.clip_grad_norm = clip_grad_norm
         self.modules = [layer.module.to(device) for layer in stack.layers]
-        params = [p for m in self.modules for p in m.parameters()]
+        self.params = [p for m in self.modules for p in m.parameters()]
         self.optimizer = torch.optim.AdamW(
-            params, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps,
+            self.params, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps,
             weight_decay=hyper.weight_decay)
+        self.scaler = None
+        if precision == "fp16":  # the relay's LossScaler defaults are GradScaler's
+            d = LossScaler()
+            self.scaler = torch.amp.GradScaler(
+                device.type, init_scale=loss_scale or d.scale, growth_factor=d.growth_factor,
+                backoff_factor=d.backoff_factor, growth_interval=d.growth_interval)
         self.eps_wait_seconds = 0.0
+
+    def _call(self, module: torch.nn.Module, *args):
+        """Run ``module`` in the compute dtype: fp32 masters cast on the way in."""
+        if self.compute_dtype == torch.float32:
+            return module(*args)
+        weights = {name: p.to(self.compute_dtype) for name, p in module.named_parameters()}
+        return functional_call(module, weights, args)
 
     def _loss_sum(self, batch: Batch) -> torch.Tensor:
         x = batch.inputs.to(self.device)
         pre, *blocks, post = self.modules
-        x = pre(x)
+        x = self._call(pre, x)
         for block in blocks:
-            x = checkpoint(block, x, use_reentrant=False) if self.checkpointing else block(x)
-        return post(x, batch.targets.to(self.device))
+            x = (checkpoint(self._call, block, x, use_reentrant=False) if self.checkpointing
+                 else self._call(block, x))
+        return self._call(post, x, batch.targets.to(self.device))
 
     def train_step(self, batch: Batch, step: int) -> StepResult:
         self.stack.train(True)
@@ -47,12 +74,28 @@ class PlainEngine:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = self._loss_sum(batch)
-        (loss_sum / batch.num_targets).backward()
-        self.optimizer.step()
+        loss = loss_sum / batch.num_targets
+        scale = self.scaler.get_scale() if self.scaler else 1.0
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        grad_norm = None
+        if self.clip_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm))
+        skipped = 0
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skipped when any gradient is inf/NaN
+            self.scaler.update()
+            skipped = len(self.modules) if self.scaler.get_scale() < scale else 0
+        else:
+            self.optimizer.step()
         weight_bytes = sum(p.numel() * p.element_size() * 2 for m in self.modules for p in m.parameters())
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else weight_bytes
         return StepResult(loss=loss_sum.item() / batch.num_targets, tokens=batch.inputs.numel(),
-                          eps_wait_s=0.0, device_peak_bytes=peak, device_weight_peak_bytes=weight_bytes)
+                          eps_wait_s=0.0, device_peak_bytes=peak, device_weight_peak_bytes=weight_bytes,
+                          loss_scale=scale, skipped_layers=skipped, grad_norm=grad_norm)
 
     @torch.no_grad()
     def evaluate(self, batches: list[Batch]) -> float:
@@ -88,10 +131,19 @@ class PlainEngine:
         for i, _, params in self._layer_params():
             state = self.optimizer.state.get(params[0], {})
             steps[str(i)] = int(state["step"]) if "step" in state else 0
-        return {"steps": steps}
+        meta = {"steps": steps}
+        if self.scaler:  # in the relay's LossScaler format, so runs move between engines
+            st = self.scaler.state_dict()
+            meta["loss_scaler"] = {**LossScaler().state_dict(), "scale": st["scale"],
+                                   "clean_steps": st["_growth_tracker"]}
+        return meta
 
     @torch.no_grad()
     def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
+        if self.scaler and "loss_scaler" in meta:
+            st = meta["loss_scaler"]
+            self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": st["scale"],
+                                         "_growth_tracker": st["clean_steps"]})
         for i, layout, params in self._layer_params():
             p, m, v = (torch.from_numpy(np.asarray(tensors[f"layer{i}.{k}"], np.float32)) for k in "pmv")
             t = int(meta["steps"][str(i)])

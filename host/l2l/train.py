@@ -47,13 +47,15 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
 
 def build_engine(cfg: TrainConfig, stack, device: torch.device):
     if cfg.engine == "plain":
-        return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing)
+        return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
+                           precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm)
     transport = make_transport(device)
     eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
                            copy_dtype=cfg.precision, grad_dtype=cfg.precision,
                            host_alloc=transport.host_alloc)
     return RelayEngine(stack, eps, device, micro_batches=cfg.micro_batches, stash=cfg.stash,
-                       seed=cfg.seed, transport=transport, precision=cfg.precision)
+                       seed=cfg.seed, transport=transport, precision=cfg.precision,
+                       overflow=cfg.overflow, clip_grad_norm=cfg.clip_grad_norm)
 
 
 def set_lr(engine, lr: float) -> None:
@@ -96,8 +98,9 @@ def _check_resumable(cfg: TrainConfig, saved: dict, stack, where: Path) -> None:
     if saved.get("format") != FORMAT:
         raise UserError(f"{where} is not an l2l training checkpoint (format {saved.get('format')!r})")
     theirs = saved["trajectory"]
+    defaults = TrainConfig().to_dict()  # keys added after the checkpoint was written
     for key, mine in cfg.trajectory().items():
-        if theirs.get(key) != mine:
+        if theirs.get(key, defaults.get(key)) != mine:
             raise UserError(f"checkpoint in {where} is from another run: {key} was "
                             f"{theirs.get(key)!r}, now {mine!r}")
     if saved["signature"] != json.loads(json.dumps(stack.signature())):
@@ -184,7 +187,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
                        "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
                        "device_peak_bytes": result.device_peak_bytes,
                        "device_weight_peak_bytes": result.device_weight_peak_bytes,
-                       "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers})
+                       "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
+                       "grad_norm": result.grad_norm})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | val {val:.3f}" if val is not None else ""))

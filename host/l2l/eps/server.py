@@ -6,9 +6,17 @@ goes on with the next layer at once. ``fetch(layer)`` waits for that layer's
 pending update only. A failed update is re-raised in the caller's thread at
 the next ``fetch``/``push_gradient``/``poll`` -- the relay polls at every layer,
 so an error surfaces within one layer of compute, never as a hang.
+
+Held updates (``--overflow strict``): between :meth:`hold` and :meth:`commit`
+a pushed layer is only checked -- its reduced gradient's finite flag and sum of
+squares, computed on the worker by the golden model's reduction -- and not
+applied. :meth:`commit` then decides for the whole step, as
+``torch.amp.GradScaler`` does: every layer updates (optionally with its
+gradient clipped to a global norm) or none does.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,13 +28,20 @@ import numpy as np
 from ..errors import EpsWorkerError
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
-from .numerics import COPY_DTYPES, GRAD_DTYPES
+from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
 
 
 def numpy_alloc(n: int, dtype: np.dtype) -> np.ndarray:
     return np.empty(n, dtype=dtype)
+
+
+@dataclass
+class CommitResult:
+    finite: bool        # every held layer's reduced gradient was finite
+    grad_norm: float    # global L2 norm of the reduced gradients (inf/nan when not finite)
+    clip_coef: float    # factor applied to every gradient (1.0: not clipped)
 
 
 @dataclass
@@ -60,6 +75,8 @@ class EagerParamServer:
         self.wait_seconds = 0.0    # time callers spent blocked on pending updates
         self.update_seconds = 0.0  # time the worker spent updating
         self.history: list[UpdateRecord] = []
+        self._holding = False
+        self._held: dict[int, Future] = {}  # layer -> future of (finite, sumsq, divisor, loss_scale, hyper)
 
     # ----------------------------------------------------------- layers
     def add_layer(self, layer: int, p: np.ndarray) -> None:
@@ -118,10 +135,75 @@ class EagerParamServer:
             if len(arrived) < self.contributors:
                 return
             del self._arrived[layer]
+            ready_all = [arrived[k] for k in sorted(arrived)]
             previous = self._pending.get(layer)
+            if self._holding:
+                if layer in self._held:
+                    raise RuntimeError(f"layer {layer} pushed twice while updates are held")
+                self._held[layer] = self._worker.submit(
+                    self._check, layer, previous, ready_all, self.hyper, float(divisor), float(loss_scale))
+                return
             self._pending[layer] = self._worker.submit(
-                self._update, layer, previous, [arrived[k] for k in sorted(arrived)],
-                self.hyper, float(divisor), float(loss_scale))
+                self._update, layer, previous, ready_all, self.hyper, float(divisor), float(loss_scale))
+
+    # ----------------------------------------------------------- held updates
+    def hold(self) -> None:
+        """Check, but do not apply, the layers pushed until :meth:`commit`."""
+        if self._holding:
+            raise RuntimeError("updates are already held")
+        self._holding = True
+
+    def commit(self, max_norm: float | None = None) -> CommitResult:
+        """Apply every held layer's update, or none when any gradient was not finite.
+
+        With ``max_norm``, gradients whose global L2 norm exceeds it are scaled
+        by ``max_norm / (norm + 1e-6)`` (``torch.nn.utils.clip_grad_norm_``);
+        the factor enters the contract's ``inv_scale`` through the divisor, so
+        every backend applies it with the same single rounding. Updates queue
+        in layer order -- the next forward needs layer 0 first.
+        """
+        if not self._holding:
+            raise RuntimeError("commit() without hold()")
+        self._holding = False
+        held, self._held = self._held, {}
+        checks = {layer: fut.result() for layer, fut in sorted(held.items())}
+        self.poll()
+        finite = all(c[0] for c in checks.values())
+        norm = math.sqrt(sum(c[1] for c in checks.values())) if finite else math.inf
+        coef = 1.0
+        if finite and max_norm is not None:
+            coef = min(1.0, max_norm / (norm + 1e-6))
+        if not finite:
+            for layer in checks:
+                self.history.append(UpdateRecord(layer, self._steps[layer], False))
+            return CommitResult(False, norm, coef)
+        with self._lock:
+            for layer, (_, _, divisor, loss_scale, hyper) in checks.items():
+                self._pending[layer] = self._worker.submit(
+                    self._update, layer, None, [], hyper, divisor / coef, loss_scale)
+        return CommitResult(True, norm, coef)
+
+    def _check(self, layer: int, previous: Future | None, ready: list, hyper: AdamWHyper,
+               divisor: float, loss_scale: float):
+        try:
+            if previous is not None:
+                previous.result()
+            for wait in ready:
+                if wait is not None:
+                    wait()
+            start = time.perf_counter()
+            scalars = StepScalars.compute(hyper, 1, loss_scale, divisor)  # only inv_scale is used
+            g = np.empty(self._numel[layer], np.float32)
+            self.gradient_inbox(layer)
+            finite = reduce_gradients(self._inboxes[layer], scalars.inv_scale, g)
+            # float64 accumulation: the norm is a decision, not contract arithmetic
+            sumsq = float(np.einsum("i,i->", g, g, dtype=np.float64)) if finite else math.inf
+            self.update_seconds += time.perf_counter() - start
+            return finite, sumsq, divisor, loss_scale, hyper
+        except BaseException as exc:
+            if self._error is None:
+                self._error = exc
+            raise
 
     def poll(self) -> None:
         """Raise the first worker error, if any."""

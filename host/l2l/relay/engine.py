@@ -35,7 +35,10 @@ class StepResult:
     device_peak_bytes: int
     device_weight_peak_bytes: int
     loss_scale: float = 1.0      # the scale this step's backward used
-    skipped_layers: int = 0      # layers of the previous step whose update overflowed (fp16)
+    # layers whose update was skipped for a non-finite gradient: in eager mode those of the
+    # previous step (known when its updates settle), with --overflow strict this step's
+    skipped_layers: int = 0
+    grad_norm: float | None = None   # global gradient norm (--overflow strict only)
 
 
 def _strip_parameters(module: torch.nn.Module, device: torch.device) -> None:
@@ -80,7 +83,12 @@ class RelayEngine:
 
     def __init__(self, stack: LayerStack, eps: EagerParamServer, device: torch.device, *,
                  micro_batches: int, stash: str = "device", seed: int = 0,
-                 transport=None, precision: str = "fp32") -> None:
+                 transport=None, precision: str = "fp32", overflow: str = "eager",
+                 clip_grad_norm: float | None = None) -> None:
+        if overflow not in ("eager", "strict"):
+            raise ValueError(f"overflow must be 'eager' or 'strict', not {overflow!r}")
+        if clip_grad_norm is not None and overflow != "strict":
+            raise ValueError("clip_grad_norm needs overflow='strict': eager updates cannot wait for the global norm")
         self.stack = stack
         self.eps = eps
         self.device = device
@@ -90,6 +98,8 @@ class RelayEngine:
         self.transport = transport or make_transport(device)
         self.ledger = MemoryLedger()
         self.scaler: LossScaler = scaler_for(precision)
+        self.overflow = overflow
+        self.clip_grad_norm = clip_grad_norm
         self._history_seen = 0
         self.layers = stack.layers
         for i, layer in enumerate(self.layers):
@@ -130,11 +140,17 @@ class RelayEngine:
         self.eps.synchronize()
         records = self.eps.history[self._history_seen:]
         self._history_seen = len(self.eps.history)
-        if not records:
+        if not records or self.overflow == "strict":  # strict: settled in _commit
             return 0
         skipped = sum(not r.finite for r in records)
         self.scaler.update(skipped > 0)
         return skipped
+
+    def _commit(self) -> tuple[int, float]:
+        """--overflow strict: apply the whole step or none of it; move the scale now."""
+        result = self.eps.commit(self.clip_grad_norm)
+        self.scaler.update(not result.finite)
+        return (0 if result.finite else len(self.layers)), result.grad_norm
 
     # ------------------------------------------------------------ helpers
     def _split(self, batch: Batch):
@@ -185,6 +201,9 @@ class RelayEngine:
                 self.eps.poll()
 
         # post stage: forward and backward at once
+        grad_norm = None
+        if self.overflow == "strict":
+            self.eps.hold()
         layer = self._fetch(last)
         self._prefetch(last - 1)
         self._with_grad(last, layer)
@@ -223,6 +242,8 @@ class RelayEngine:
             self.eps.poll()
 
         assert len(store) == 0, "stash not drained"
+        if self.overflow == "strict":
+            skipped, grad_norm = self._commit()
         loss = loss_sum.item() / divisor
         return StepResult(
             loss=loss,
@@ -232,6 +253,7 @@ class RelayEngine:
             device_weight_peak_bytes=self.ledger.weight_peak,
             loss_scale=scale,
             skipped_layers=skipped,
+            grad_norm=grad_norm,
         )
 
     def _device_peak(self) -> int:
