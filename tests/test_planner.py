@@ -17,7 +17,7 @@ from l2l.planner import (Rates, _meta_layer_shapes, calibrate, choose_micro_batc
                          gpt_layer_shapes, layer_shapes, measure_rates, predict, run_plan, time_relay_steps)
 from l2l.train import build_engine
 
-from conftest import CPU, sampler_for
+from conftest import CPU, run_cli, sampler_for
 
 # ---------------------------------------------------------------- shapes and FLOPs
 
@@ -250,3 +250,23 @@ def test_prediction_is_within_30_percent_of_a_real_relay_step():
           f"efficiency {rates.efficiency:.2f}, per call {rates.per_call_s * 1e6:.0f} µs, "
           f"1 thread, {elapsed:.1f} s")
     assert abs(predicted / measured - 1) < 0.30
+
+
+def test_train_prints_the_forecast_beside_the_measured_step(tmp_path):
+    """`l2l train` plans the run, then reports measured vs predicted step time and device memory."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32",
+                "--batch-size", "8", "--micro-batches", "2", "--steps", "4", "--eval-every", "0",
+                "--eval-batches", "1", "--no-plot", "--plan", "quick", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "l2l: plan (uncalibrated) predicted: step" in r.stdout
+    assert "measured (median)" in r.stdout and "predicted" in r.stdout
+    plan = json.loads((out / "summary.json").read_text())["plan"]
+    assert plan["predicted_step_s"] > 0 and plan["measured_step_s"] > 0
+    # on the CPU the ledger is the device peak, and the planner replays the same ledger
+    assert plan["predicted_device_bytes"] == json.loads((out / "summary.json").read_text())["device_peak_bytes"]
+
+
+def test_bad_plan_mode_is_one_line(tmp_path):
+    r = run_cli("train", "--plan", "psychic", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and "--plan" in r.stderr and "Traceback" not in r.stderr

@@ -63,6 +63,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar or messages")
     p.add_argument("--no-plot", dest="plot", action="store_false")
+    p.add_argument("--plan", default=None,
+                   help="planner forecast printed beside the measured step time: auto (default; calibrates "
+                        "when that costs <= 5%% of the run) | calibrated | quick | off")
 
 
 def _cmd_train(args) -> int:

@@ -64,6 +64,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     progress: bool = True
     plot: bool = True
+    plan: str | None = None  # planner forecast: auto | calibrated | quick | off (default: auto with progress)
+
+    @property
+    def plan_mode(self) -> str:
+        return self.plan or ("auto" if self.progress else "off")
 
     def eps_options(self) -> dict:
         """Constructor options of the chosen EPS backend."""
@@ -136,6 +141,9 @@ class TrainConfig:
         need(self.eval_batches >= 1, "--eval-batches must be positive")
         need(self.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1")
         need(self.seed >= 0, "--seed must be >= 0")
+        from .forecast import PLAN_MODES
+        need(self.plan is None or self.plan in PLAN_MODES,
+             f"unknown --plan {self.plan!r}; choose one of {', '.join(PLAN_MODES)}")
         need(not (self.checkpointing and self.engine == "l2l"),
              "--checkpointing applies to --engine plain (the relay always recomputes)")
         return self

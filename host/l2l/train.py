@@ -19,6 +19,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
+from .forecast import forecast
 from .data import BatchSampler, load_corpus
 from .eps import AdamWHyper, EagerParamServer, make_backend
 from .errors import UserError
@@ -76,6 +77,7 @@ class RunSummary:
     mean_tokens_per_s: float | None
     device_peak_bytes: int
     device_weight_peak_bytes: int
+    plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
 
 
 def _rng_meta() -> dict:
@@ -155,13 +157,16 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
         f"({stack.num_params / 1e6:.2f}M params) on {device}; data: {corpus.description}")
     if saved is not None:
         say(f"l2l: resumed from {saved.path} at step {start}")
+    plan = forecast(cfg, device, cfg.plan_mode) if start < cfg.steps else None
+    if plan is not None:
+        say(f"l2l: plan ({'calibrated' if plan.calibrated else 'uncalibrated'}) {plan.text}")
     if start == 0:
         initial_val = engine.evaluate(val_batches)
         say(f"l2l: step 0 validation loss {initial_val:.4f}")
 
     log = MetricsLog(out / "metrics.jsonl", resume_from_step=start)
     bar = _progress(cfg, start)
-    last_val, last_loss, tps_seen = None, None, []
+    last_val, last_loss, tps_seen, step_times = None, None, [], []
     peak = weight_peak = 0
     try:
         for step in range(start, cfg.steps):
@@ -172,6 +177,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
             t0 = time.perf_counter()
             result = engine.train_step(batch, step)
             dt = time.perf_counter() - t0
+            step_times.append(dt)
             if not math.isfinite(result.loss):
                 raise UserError(f"loss became {result.loss} at step {step + 1}; lower --lr")
             done = step + 1
@@ -206,6 +212,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
                          final_val_loss=last_val, final_loss=last_loss,
                          mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
                          device_peak_bytes=peak, device_weight_peak_bytes=weight_peak)
+    if plan is not None and step_times:
+        line, summary.plan = plan.compare(step_times, peak)
+        say(line)
     ckpt.atomic_write_bytes(out / "summary.json", (json.dumps(summary.__dict__, indent=2) + "\n").encode())
     if last_val is not None and initial_val is not None:
         say(f"l2l: validation loss {initial_val:.4f} -> {last_val:.4f} "

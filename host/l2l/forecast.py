@@ -1,0 +1,72 @@
+"""The planner's forecast for a training run, printed beside what the run measures.
+
+``l2l train`` asks :mod:`l2l.planner` for the step time and device memory it
+expects before the first step, and at the end prints both next to the measured
+median step time and device peak (and records all four in ``summary.json``),
+so a user sees at once whether the run behaved as planned -- and the planner
+is checked on every real run, not only in its own benchmark.
+
+``--plan auto`` (the default) measures the device's matmul rate and the EPS
+update rate (about a second) and calibrates the model's efficiency with a few
+real relay steps of the same shape cut to 4 blocks when that costs at most 3 s
+or 5% of the predicted run; ``calibrated`` always does, ``quick`` never does (the
+pure-FLOP model, which predicts short), ``off`` skips the forecast.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+import torch
+
+from .config import TrainConfig
+
+PLAN_MODES = ("auto", "calibrated", "quick", "off")
+CALIBRATION_SHARE = 0.05  # auto calibrates when that costs at most this share of the run,
+CALIBRATION_FREE_S = 3.0  # or at most this many seconds
+
+
+@dataclass
+class Forecast:
+    step_s: float
+    device_bytes: int      # what the relay's ledger peaks at (device_peak_bytes on the CPU)
+    calibrated: bool
+    text: str              # the planner's one-line summary
+
+    def compare(self, step_times: list[float], device_peak_bytes: int) -> tuple[str, dict]:
+        """One line and a dict comparing the forecast with what the run measured."""
+        # the first step pays allocation and warm-up; the median of the rest is the steady state
+        steady = step_times[1:] or step_times
+        measured = statistics.median(steady)
+        err = measured / self.step_s - 1.0
+        line = (f"l2l: step time {measured:.3f} s measured (median), {self.step_s:.3f} s predicted "
+                f"({err:+.0%}{'' if self.calibrated else ', uncalibrated'}); device peak "
+                f"{device_peak_bytes / 2**20:,.1f} MiB measured, {self.device_bytes / 2**20:,.1f} MiB predicted")
+        record = {"predicted_step_s": self.step_s, "measured_step_s": measured,
+                  "predicted_device_bytes": self.device_bytes, "plan_calibrated": self.calibrated}
+        return line, record
+
+
+def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | None:
+    """The planner's prediction for ``cfg`` on ``device`` (None for the plain engine or mode off)."""
+    if mode == "off" or cfg.engine != "l2l":
+        return None
+    from .planner import calibrate, measure_rates, predict
+    rates = measure_rates(device, cfg, calibrate_steps=False)
+    calibrated = mode == "calibrated"
+    if mode == "auto":
+        budget = max(CALIBRATION_FREE_S, CALIBRATION_SHARE * predict(cfg, rates).step_s * cfg.steps)
+        calibrated = _calibration_cost_s(cfg, rates) <= budget
+    if calibrated:
+        rates = calibrate(cfg, rates, device)
+    p = predict(cfg, rates)
+    return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes, calibrated=calibrated,
+                    text=p.summary())
+
+
+def _calibration_cost_s(cfg: TrainConfig, rates) -> float:
+    """Seconds :func:`l2l.planner.calibrate` would take: 6 steps at M=1 and M=max (4 blocks)."""
+    from .planner import _divisors, predict
+    small = replace(cfg, layers=max(1, min(cfg.layers, 4)))
+    ms = {1, max(m for m in _divisors(cfg.batch_size) if m <= 8)}
+    return 6 * sum(predict(replace(small, micro_batches=m), rates).step_s for m in ms)
