@@ -107,13 +107,17 @@ class RelayEngine:
                 eps.add_layer(i, layer.layout.flatten(layer.module))
             _strip_parameters(layer.module, device)
         self._prefetched: dict[int, object] = {}
+        self._resident: dict[int, _FetchedLayer] = {}
 
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
-        if 0 <= i < len(self.layers) and i not in self._prefetched and self.device.type == "cuda":
+        if 0 <= i < len(self.layers) and i not in self._prefetched and self.transport.asynchronous:
             self._prefetched[i] = self.transport.upload(self.eps.fetch(i))
 
     def _fetch(self, i: int) -> _FetchedLayer:
+        resident = self._resident.pop(i, None)
+        if resident is not None:  # kept from the forward: no round trip
+            return resident
         pending = self._prefetched.pop(i, None) or self.transport.upload(self.eps.fetch(i))
         fetched = _FetchedLayer(self.layers[i], pending.wait())
         self.ledger.add("weights", _nbytes(fetched.weights))
@@ -181,8 +185,9 @@ class RelayEngine:
         multiplier = scale / batch.num_targets
         mbs = self._split(batch)
         divisor = batch.num_targets
-        store = BoundaryStore(self.stash_policy, self.transport, self.ledger)
         last = len(self.layers) - 1
+        store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
+                              schedule=_stash_schedule(last, len(mbs)))
 
         # forward: pre and blocks, stashing each layer's input
         with torch.no_grad():
@@ -197,7 +202,10 @@ class RelayEngine:
                     store.put(("act", i + 1, j), y)
                     self.ledger.sub("boundary", held)
                     del x, y
-                self._release(layer)
+                if i == last - 1 and i > 0 and self.transport.asynchronous:
+                    self._resident[i] = layer  # backward starts with it right after the post stage
+                else:
+                    self._release(layer)
                 self.eps.poll()
 
         # post stage: forward and backward at once
@@ -205,7 +213,8 @@ class RelayEngine:
         if self.overflow == "strict":
             self.eps.hold()
         layer = self._fetch(last)
-        self._prefetch(last - 1)
+        if last - 1 not in self._resident:
+            self._prefetch(last - 1)
         self._with_grad(last, layer)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for j, (_, targets) in enumerate(mbs):
@@ -306,6 +315,19 @@ class RelayEngine:
     def close(self) -> None:
         """Let queued updates finish and stop the EPS worker (never raises a worker error twice)."""
         self.eps.close()
+        if hasattr(self.transport, "close"):
+            self.transport.close()
+
+
+def _stash_schedule(last: int, micro_batches: int) -> list[list[tuple]]:
+    """The stash keys each compute call reads, in the order the relay calls them:
+    the blocks' forward (layer inputs), the post stage, then the backward
+    (layer input and upstream gradient). The store prefetches one call ahead."""
+    groups = [[("act", i, j)] for i in range(1, last) for j in range(micro_batches)]
+    groups += [[("act", last, j)] for j in range(micro_batches)]
+    for i in range(last - 1, -1, -1):
+        groups += [([("act", i, j)] if i > 0 else []) + [("grad", i + 1, j)] for j in range(micro_batches)]
+    return groups
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -1,14 +1,30 @@
 """Moving layer weights, gradients and stashed activations between EPS and device.
 
-:class:`CpuTransport` is for the CPU device: host and device memory are one,
-so a "transfer" hands the EPS's buffer to torch without a copy.
-:class:`CudaTransport` copies on dedicated streams from pinned host buffers,
-ordered by events: weights in on a copy stream (so the next layer's weights
-arrive while the current one computes), gradients out into the EPS's pinned
-inbox, the EPS worker waiting on the copy's event before it reads.
+Three transports, one interface (what :class:`~l2l.relay.engine.RelayEngine`
+and :class:`~l2l.relay.stash.BoundaryStore` call):
+
+* :class:`CpuTransport` -- the CPU device: host and device memory are one, so
+  a "transfer" hands the EPS's buffer to torch without a copy.
+* :class:`CudaTransport` -- L2L-p on a GPU: weights in on a copy-in stream
+  (the next layer's arrive while the current one computes), gradients and
+  stashed activations out on a copy-out stream, stashed activations back in on
+  the copy-in stream ahead of their use, all ordered by CUDA events; pinned
+  host buffers come from a pool and are reused, not allocated per step.
+* :class:`ThreadedTransport` -- the same pipeline on the CPU, with a copy-in
+  and a copy-out thread for the streams and futures for the events, and real
+  copies. It exists so the overlap and the ordering can be tested where no GPU
+  is (``tests/test_relay_pipeline.py``); on a CPU it is slower than
+  :class:`CpuTransport`, which copies nothing.
+
+Every asynchronous result is a :class:`PendingTensor` whose ``wait()`` orders
+the consumer after the copy (a stream wait on CUDA, a join on the CPU).
 """
 from __future__ import annotations
 
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import ml_dtypes
@@ -30,19 +46,46 @@ def as_torch(a: np.ndarray) -> torch.Tensor:
 
 
 class PendingTensor:
-    """A device tensor whose producing copy may still be in flight."""
+    """A device tensor whose producing copy may still be in flight.
 
-    def __init__(self, tensor: torch.Tensor, event: "torch.cuda.Event | None" = None) -> None:
-        self._tensor, self._event = tensor, event
+    ``wait()`` orders the consumer (the compute stream, or the compute thread)
+    after the copy; ``host_wait`` blocks the host until the copy is done, for
+    reusing its source buffer.
+    """
+
+    def __init__(self, tensor: torch.Tensor, wait: Callable[[], object] | None = None,
+                 host_wait: Callable[[], object] | None = None) -> None:
+        self._tensor, self._wait = tensor, wait
+        self.host_wait = host_wait or wait
 
     def wait(self) -> torch.Tensor:
-        if self._event is not None:
-            torch.cuda.current_stream(self._tensor.device).wait_event(self._event)
-            self._event = None
+        if self._wait is not None:
+            self._wait()
+            self._wait = None
         return self._tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self._tensor.numel() * self._tensor.element_size()
+
+
+class StashedTensor:
+    """A stashed activation in host memory, and what orders its copy back after its copy out:
+    ``written`` (blocks until written, threads) or ``event`` (a CUDA event the copy-in stream waits on)."""
+
+    def __init__(self, host: torch.Tensor, written: Callable[[], object] | None = None,
+                 event: "torch.cuda.Event | None" = None) -> None:
+        self.host, self._written, self.event = host, written, event
+
+    def wait_written(self) -> None:
+        if self._written is not None:
+            self._written()
+            self._written = None
 
 
 class CpuTransport:
+    asynchronous = False  # nothing to overlap: no prefetch
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
@@ -59,19 +102,63 @@ class CpuTransport:
     def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None] | None:
         return None  # already in place
 
-    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+    def to_host(self, t: torch.Tensor):
         return t  # host and device memory are one; the ledger records the move
 
-    def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        return t
+    def to_device(self, t) -> PendingTensor:
+        return PendingTensor(t)
+
+    def release(self, stashed, pending: PendingTensor) -> None:
+        pass
+
+
+class _HostPool:
+    """Host buffers for stashed activations, by (shape, dtype), reused across steps.
+
+    ``make`` allocates (pinned memory on CUDA: slow to allocate, so never per
+    step). A buffer returns to the pool with the wait that says its last copy
+    out of it is done; it is reused only after that wait.
+    """
+
+    def __init__(self, make: Callable[[tuple, torch.dtype], torch.Tensor]) -> None:
+        self._make = make
+        self._free: dict[tuple, list[tuple[torch.Tensor, Callable[[], object] | None]]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self.allocated = 0  # buffers ever made: flat after the first step
+
+    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        key = (tuple(shape), dtype)
+        with self._lock:
+            free = self._free[key]
+            item = free.pop() if free else None
+        if item is None:
+            self.allocated += 1
+            return self._make(tuple(shape), dtype)
+        buf, done = item
+        if done is not None:
+            done()
+        return buf
+
+    def give(self, buf: torch.Tensor, done: Callable[[], object] | None) -> None:
+        with self._lock:
+            self._free[(tuple(buf.shape), buf.dtype)].append((buf, done))
 
 
 class CudaTransport:
+    asynchronous = True
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.copy_in = torch.cuda.Stream(device)
         self.copy_out = torch.cuda.Stream(device)
         self._pinned: dict[int, torch.Tensor] = {}
+        self.pool = _HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=True))
+
+    def _compute(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def _waiter(self, done: torch.cuda.Event) -> Callable[[], None]:
+        return lambda: self._compute().wait_event(done)
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
         t = torch.empty(n, dtype=_TORCH_OF[np.dtype(dtype)], pin_memory=True)
@@ -83,38 +170,118 @@ class CudaTransport:
         t = self._pinned.get(host.ctypes.data)
         return t if t is not None else as_torch(host)
 
-    def upload(self, host: np.ndarray) -> PendingTensor:
-        src = self._pinned_tensor(host)
-        compute = torch.cuda.current_stream(self.device)
-        dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)  # owned by compute stream
-        self.copy_in.wait_stream(compute)
+    def _copy_in(self, dst: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event | None = None) -> PendingTensor:
+        self.copy_in.wait_stream(self._compute())  # dst was allocated on the compute stream
+        if after is not None:
+            self.copy_in.wait_event(after)
         with torch.cuda.stream(self.copy_in):
             dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.copy_in)
-        return PendingTensor(dst, done)
+        return PendingTensor(dst, self._waiter(done), done.synchronize)
+
+    def upload(self, host: np.ndarray) -> PendingTensor:
+        src = self._pinned_tensor(host)
+        return self._copy_in(torch.empty(src.shape, dtype=src.dtype, device=self.device), src)
 
     def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
         return torch.zeros(inbox.shape[0], dtype=_TORCH_OF[inbox.dtype], device=self.device)
 
-    def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None]:
-        dst = self._pinned_tensor(inbox)
-        self.copy_out.wait_stream(torch.cuda.current_stream(self.device))
+    def _copy_out(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
+        self.copy_out.wait_stream(self._compute())
         with torch.cuda.stream(self.copy_out):
-            dst.copy_(grad, non_blocking=True)
-            grad.record_stream(self.copy_out)
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(self.copy_out)  # the allocator keeps src until the copy is done
             done = torch.cuda.Event()
             done.record(self.copy_out)
-        return done.synchronize
+        return done
 
-    def to_host(self, t: torch.Tensor) -> torch.Tensor:
-        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        h.copy_(t, non_blocking=True)  # same stream as its producer: ordered, and t may be freed
-        return h
+    def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None]:
+        return self._copy_out(self._pinned_tensor(inbox), grad).synchronize
 
-    def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device, non_blocking=True)
+    def to_host(self, t: torch.Tensor) -> StashedTensor:
+        host = self.pool.take(t.shape, t.dtype)
+        # the copy back in waits on this event on the GPU; the CPU never blocks on it
+        return StashedTensor(host, event=self._copy_out(host, t))
+
+    def to_device(self, s: StashedTensor) -> PendingTensor:
+        return self._copy_in(torch.empty(s.host.shape, dtype=s.host.dtype, device=self.device),
+                             s.host, after=s.event)
+
+    def release(self, s: StashedTensor, pending: PendingTensor) -> None:
+        """The stash is consumed: its pinned buffer is reusable once the copy back has run."""
+        self.pool.give(s.host, pending.host_wait)
 
 
-def make_transport(device: torch.device):
+class ThreadedTransport:
+    """The CUDA pipeline with threads: a copy-in and a copy-out worker, real copies.
+
+    ``copy_delay_s`` adds a fixed time to every copy, a slow link, so a test
+    can see overlap without depending on memcpy speed. ``trace`` (when a list)
+    receives ``(kind, start, end)`` for every copy, ``kind`` one of
+    ``weights``, ``gradient``, ``stash_out``, ``stash_in``.
+    """
+
+    asynchronous = True
+
+    def __init__(self, device: torch.device, *, copy_delay_s: float = 0.0, trace: list | None = None) -> None:
+        if device.type != "cpu":
+            raise ValueError("ThreadedTransport runs on the CPU device")
+        self.device = device
+        self.copy_delay_s = copy_delay_s
+        self.trace = trace
+        self.copy_in = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-copy-in")
+        self.copy_out = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-copy-out")
+        self.pool = _HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype))
+
+    def _copy(self, kind: str, dst: torch.Tensor, src: torch.Tensor, after: Callable[[], object] | None = None):
+        if after is not None:
+            after()
+        start = time.perf_counter()
+        if self.copy_delay_s:
+            time.sleep(self.copy_delay_s)
+        dst.copy_(src)
+        if self.trace is not None:
+            self.trace.append((kind, start, time.perf_counter()))
+
+    def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
+        return np.empty(n, dtype=dtype)
+
+    def upload(self, host: np.ndarray) -> PendingTensor:
+        src = as_torch(host)
+        dst = torch.empty_like(src)
+        return PendingTensor(dst, self.copy_in.submit(self._copy, "weights", dst, src).result)
+
+    def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
+        return torch.zeros(inbox.shape[0], dtype=_TORCH_OF[inbox.dtype])
+
+    def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None]:
+        return self.copy_out.submit(self._copy, "gradient", as_torch(inbox), grad).result
+
+    def to_host(self, t: torch.Tensor) -> StashedTensor:
+        host = self.pool.take(t.shape, t.dtype)
+        return StashedTensor(host, written=self.copy_out.submit(self._copy, "stash_out", host, t).result)
+
+    def to_device(self, s: StashedTensor) -> PendingTensor:
+        dst = torch.empty_like(s.host)
+        return PendingTensor(dst, self.copy_in.submit(self._copy, "stash_in", dst, s.host, s.wait_written).result)
+
+    def release(self, s: StashedTensor, pending: PendingTensor) -> None:
+        self.pool.give(s.host, pending.host_wait)
+
+    def close(self) -> None:
+        self.copy_in.shutdown(wait=True)
+        self.copy_out.shutdown(wait=True)
+
+
+TRANSPORTS = ("auto", "threaded")
+
+
+def make_transport(device: torch.device, kind: str = "auto"):
+    """``auto``: CUDA streams on a GPU, zero-copy on the CPU; ``threaded``: the
+    pipeline with copy threads on the CPU (for testing the overlap)."""
+    if kind == "threaded":
+        return ThreadedTransport(device)
+    if kind != "auto":
+        raise ValueError(f"transport must be one of {TRANSPORTS}")
     return CudaTransport(device) if device.type == "cuda" else CpuTransport(device)
