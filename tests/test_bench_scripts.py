@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, run_cli
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -29,3 +29,20 @@ def test_recompute_ab_runs():
              "--batch", "2", "--seq", "16", "--rounds", "4")
     assert r.returncode == 0, r.stderr
     assert "per-layer recompute" in r.stdout
+
+
+def test_bench_suite_quick_writes_headline_and_tables(tmp_path):
+    """`l2l bench suite --quick`: all three parts run and the headline figures are filled in."""
+    r = run_cli("bench", "suite", "--quick", "--out", str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    suite = json.loads((tmp_path / "suite.json").read_text())
+    head = suite["headline"]
+    assert head["eps_opencl_vs_torch_fused"] is not None or "opencl" not in {m["method"] for m in suite["eps"]["rows"]}
+    assert head["planner_error_worst"] is not None and head["l2l_vs_plain_ckpt_worst_at_m4_plus"] > 0
+    # memory: the host stash is flat in depth and in M, the device stash grows with both
+    spread = head["memory_spread"]
+    assert spread["depth/host"] <= 0.05 and spread["micro_batches/host"] <= 0.05
+    assert spread["depth/device"] > 0.05 and spread["micro_batches/device"] > 0.05
+    text = (tmp_path / "suite.md").read_text()
+    for part in ("(a) EPS throughput", "(b) step time", "(c) device memory"):
+        assert part in text

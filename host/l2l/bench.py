@@ -73,6 +73,7 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
                    "plain": replace(base, engine="plain")}
         configs.update({f"l2l_m{m}": replace(base, micro_batches=m, stash=args.stash) for m in ms})
         timed = _time_engines(configs, sampler, args.steps, args.warmup)
+        predicted = _predictions(base, [configs[f"l2l_m{m}"] for m in ms], args) if args.plan else {}
         for m in ms:
             l2l, ckpt, plain = timed[f"l2l_m{m}"], timed["plain_ckpt"], timed["plain"]
             row = {"layers": layers, "micro_batches": m, "l2l_step_s": l2l["step_s"],
@@ -82,6 +83,9 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
                    "eps_wait_share": l2l["eps_wait_share"],
                    "l2l_tokens_per_s": base.batch_size * base.seq_len / l2l["step_s"],
                    "l2l_device_peak_bytes": l2l["device_peak_bytes"]}
+            if m in predicted:
+                row["predicted_step_s"] = predicted[m]
+                row["prediction_error"] = predicted[m] / l2l["step_s"] - 1.0
             rows.append(row)
             print(f"L={layers:3d} M={m:2d}  l2l {row['l2l_step_s']:.3f}s  plain+ckpt {row['plain_ckpt_step_s']:.3f}s"
                   f"  plain {row['plain_step_s']:.3f}s  ratio {row['ratio_vs_plain_ckpt']:.3f}"
@@ -89,14 +93,32 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+_RATES: dict = {}
+
+
+def _predictions(base: TrainConfig, cfgs: list[TrainConfig], args: argparse.Namespace) -> dict[int, float]:
+    """The planner's step time for each relay configuration (micro-batches -> s), from
+    rates measured and calibrated once per model width on this machine."""
+    from .planner import calibrate, measure_rates, predict
+    key = (base.model, base.d_model, base.heads, base.seq_len, base.batch_size, base.device)
+    if key not in _RATES:
+        device = resolve_device(base.device)
+        rates = measure_rates(device, base, calibrate_steps=False)
+        _RATES[key] = calibrate(base, rates, device)
+    return {c.micro_batches: predict(c, _RATES[key]).step_s for c in cfgs}
+
+
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     head = (f"Model {args.model} d{args.d_model} h{args.heads}, seq {args.seq_len}, batch {args.batch_size}, "
             f"device {args.device}, median of {args.steps} steps after {args.warmup} warm-up, engines stepped in turn; stash {args.stash}.\n\n"
-            "| layers | M | l2l step (s) | plain+ckpt (s) | plain (s) | l2l / plain+ckpt | l2l / plain | EPS wait |\n"
-            "|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+            "| layers | M | l2l step (s) | plain+ckpt (s) | plain (s) | l2l / plain+ckpt | l2l / plain | EPS wait "
+            "| planner (s) | planner error |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     body = "".join(f"| {r['layers']} | {r['micro_batches']} | {r['l2l_step_s']:.3f} | {r['plain_ckpt_step_s']:.3f} "
                    f"| {r['plain_step_s']:.3f} | {r['ratio_vs_plain_ckpt']:.3f} | {r['ratio_vs_plain']:.3f} "
-                   f"| {r['eps_wait_share']:.1%} |\n" for r in rows)
+                   f"| {r['eps_wait_share']:.1%} | "
+                   + (f"{r['predicted_step_s']:.3f} | {r['prediction_error']:+.1%} |\n" if "predicted_step_s" in r
+                      else "— | — |\n") for r in rows)
     return head + body
 
 
@@ -114,13 +136,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-plan", dest="plan", action="store_false",
+                   help="skip the planner's predictions (they calibrate on a few relay steps first)")
     p.add_argument("--out", default="bench/results")
     return p
 
 
 def run_bench(what: str, argv: list[str]) -> int:
+    if what == "memory":
+        from .bench_memory import run_memory_bench
+        run_memory_bench(argv)
+        return 0
+    if what == "suite":
+        from .bench_suite import run_suite
+        return run_suite(argv)
     if what != "relay":
-        raise UserError(f"unknown benchmark {what!r}; available: relay, eps")
+        raise UserError(f"unknown benchmark {what!r}; available: relay, eps, memory, suite")
+    run_relay_bench(argv)
+    return 0
+
+
+def run_relay_bench(argv: list[str]) -> list[dict]:
     args = _parser().parse_args(argv)
     rows = relay_vs_plain(args)
     out = Path(args.out)
@@ -129,4 +165,4 @@ def run_bench(what: str, argv: list[str]) -> int:
     table = markdown(rows, args)
     (out / "relay_vs_plain.md").write_text(table)
     print("\n" + table)
-    return 0
+    return rows

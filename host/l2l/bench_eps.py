@@ -347,6 +347,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_eps_bench(argv: list[str]) -> int:
+    run_eps_bench_result(argv)
+    return 0
+
+
+def run_eps_bench_result(argv: list[str]) -> dict:
     args = _parser().parse_args(argv)
     if args.numel < 1 or args.contributions < 1 or args.repeats < 1 or args.warmup < 0 or not args.inv_scale > 0:
         raise UserError("--numel, --contributions and --repeats must be >= 1, --warmup >= 0, --inv-scale > 0")
@@ -357,4 +362,4 @@ def run_eps_bench(argv: list[str]) -> int:
     table = markdown(result)
     (out / "bench_eps.md").write_text(table)
     print(table)
-    return 0
+    return result
