@@ -6,7 +6,7 @@ import sys
 from dataclasses import fields
 
 from .config import DEVICES, ENGINES, STASH, TrainConfig
-from .errors import UserError
+from .errors import UserError, PeerLostError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +44,10 @@ def _train_parser(sub) -> None:
     p.add_argument("--cl-device", default=None, help="OpenCL device: index or name substring (env L2L_CL_DEVICE)")
     p.add_argument("--cl-binary", default=None, help="precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS")
     p.add_argument("--engine", default=d.engine, help=f"{' | '.join(ENGINES)} (default %(default)s)")
+    p.add_argument("--devices", type=int, default=d.devices,
+                   help="relay workers in this box, one per GPU (CPU workers without one), all feeding one EPS")
+    p.add_argument("--check-every", type=int, default=d.check_every,
+                   help="under torchrun: steps between checks that every machine holds the same master weights")
     p.add_argument("--checkpointing", action="store_true", help="plain engine: recompute blocks in backward")
     p.add_argument("--stash", default=d.stash, help=f"{' | '.join(STASH)}: where stashed activations wait")
     p.add_argument("--precision", default=d.precision,
@@ -133,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"l2l: error: {exc}", file=sys.stderr)
         return 2
+    except PeerLostError as exc:  # a distributed run lost a machine: not a bug here, not the user's input
+        print(f"l2l: error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # disk full, permissions: the environment, not a bug
         print(f"l2l: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1

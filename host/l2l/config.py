@@ -49,6 +49,8 @@ class TrainConfig:
     cl_device: str | None = None    # OpenCL EPS: device index or name substring
     cl_binary: str | None = None    # OpenCL EPS: precompiled program (.xclbin/.aocx/PoCL binary)
     engine: str = "l2l"
+    devices: int = 1  # relay workers in this box (GPUs, or CPU workers), one EPS contribution each
+    check_every: int = 50  # steps between master-weight checksums across machines (torchrun)
     checkpointing: bool = False
     stash: str = "device"
     precision: str = "fp32"  # what the device computes in; the EPS keeps fp32 masters either way
@@ -116,6 +118,12 @@ class TrainConfig:
              f"--clip-grad-norm must be positive (got {self.clip_grad_norm})")
         need(self.clip_grad_norm is None or self.engine == "plain" or self.overflow == "strict",
              "--clip-grad-norm needs --overflow strict: eager updates cannot wait for the global gradient norm")
+        need(self.devices >= 1, f"--devices must be at least 1 (got {self.devices})")
+        need(self.devices == 1 or self.engine == "l2l", "--devices applies to --engine l2l")
+        need(self.micro_batches % self.devices == 0,
+             f"--micro-batches {self.micro_batches} must be a multiple of --devices {self.devices} "
+             "(each device runs its share of the global micro-batches)")
+        need(self.check_every >= 0, "--check-every must be >= 0")
         need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")
         need(self.layers >= 1, f"--layers must be at least 1 (got {self.layers})")
         need(self.d_model >= 1 and self.heads >= 1, "--d-model and --heads must be positive")

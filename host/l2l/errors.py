@@ -11,3 +11,7 @@ class UserError(Exception):
 
 class EpsWorkerError(RuntimeError):
     """An update failed on the EPS's background worker."""
+
+
+class PeerLostError(RuntimeError):
+    """Another machine of a distributed run died or stopped answering: one line, exit code 1."""

@@ -27,6 +27,8 @@ from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
 from .plain import PlainEngine
 from .relay.engine import RelayEngine
+from . import distributed
+from .relay.parallel import DataParallelRelay
 from .relay.transport import make_transport
 from .schedule import lr_at
 
@@ -46,17 +48,38 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
                       weight_decay=cfg.weight_decay)
 
 
-def build_engine(cfg: TrainConfig, stack, device: torch.device):
+def build_engine(cfg: TrainConfig, stack, device: torch.device, *, rank: int = 0, world: int = 1):
+    """The engine of ``cfg``; under torchrun, this machine's (``rank`` of ``world``): it
+    runs micro-batches ``rank*M/world ..`` of the global M, and its EPS all-reduces."""
     if cfg.engine == "plain":
         return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
                            precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm)
-    transport = make_transport(device)
+    devices = worker_devices(device, cfg.devices)
+    transports = [make_transport(d) for d in devices]
     eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
-                           copy_dtype=cfg.precision, grad_dtype=cfg.precision,
-                           host_alloc=transport.host_alloc)
-    return RelayEngine(stack, eps, device, micro_batches=cfg.micro_batches, stash=cfg.stash,
-                       seed=cfg.seed, transport=transport, precision=cfg.precision,
-                       overflow=cfg.overflow, clip_grad_norm=cfg.clip_grad_norm)
+                           copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
+                           host_alloc=transports[0].host_alloc,
+                           all_reduce=distributed.cross_machine_reduce() if world > 1 else None)
+    m = cfg.micro_batches // world
+    if cfg.devices == 1:
+        return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,
+                           seed=cfg.seed, transport=transports[0], precision=cfg.precision,
+                           overflow=cfg.overflow, clip_grad_norm=cfg.clip_grad_norm, micro_batch_offset=rank * m)
+    stacks = [stack] + [build_stack(cfg.model_config(), cfg.seed) for _ in devices[1:]]
+    return DataParallelRelay(stacks, eps, devices, micro_batches=m, stash=cfg.stash,
+                             seed=cfg.seed, precision=cfg.precision, overflow=cfg.overflow,
+                             clip_grad_norm=cfg.clip_grad_norm, transports=transports,
+                             dropout=cfg.dropout > 0, micro_batch_offset=rank * m)
+
+
+def worker_devices(device: torch.device, count: int) -> list[torch.device]:
+    """``count`` relay workers: GPUs 0..count-1 (from this process's first), or the CPU ``count`` times."""
+    if device.type != "cuda":
+        return [device] * count
+    first = device.index or 0
+    if first + count > torch.cuda.device_count():
+        raise UserError(f"--devices {count}: only {torch.cuda.device_count() - first} CUDA device(s) visible")
+    return [torch.device("cuda", first + i) for i in range(count)]
 
 
 def set_lr(engine, lr: float) -> None:
@@ -78,6 +101,7 @@ class RunSummary:
     device_peak_bytes: int
     device_weight_peak_bytes: int
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
+    machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
 
 
 def _rng_meta() -> dict:
@@ -111,6 +135,23 @@ def _check_resumable(cfg: TrainConfig, saved: dict, stack, where: Path) -> None:
 
 def train(cfg: TrainConfig) -> RunSummary:
     cfg.check()
+    machines = distributed.setup()  # None unless launched as one of several ranks
+    try:
+        return _train(cfg, machines)
+    finally:
+        distributed.teardown()
+
+
+def _train(cfg: TrainConfig, machines) -> RunSummary:
+    rank, world = (machines.rank, machines.world) if machines else (0, 1)
+    if world > 1:
+        if cfg.engine != "l2l":
+            raise UserError("torchrun with several machines needs --engine l2l")
+        if cfg.micro_batches % (world * cfg.devices):
+            raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
+                            f"({world} x {cfg.devices})")
+        if rank != 0:  # rank 0 speaks and writes for the run
+            cfg = replace(cfg, progress=False, plot=False, plan="off")
     out = Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
     device = resolve_device(cfg.device)
     saved = None
@@ -131,15 +172,18 @@ def train(cfg: TrainConfig) -> RunSummary:
     stack = build_stack(cfg.model_config(), cfg.seed)
     if saved is not None:
         _check_resumable(cfg, saved.meta, stack, saved.path)
-    engine = build_engine(cfg, stack, device)
-    out.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()  # every machine has checked the run directory before rank 0 writes to it
+    engine = build_engine(cfg, stack, device, rank=rank, world=world)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved)
+        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, rank, world)
     finally:
         engine.close()
 
 
-def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -> RunSummary:
+def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, rank=0, world=1) -> RunSummary:
+    main = rank == 0
     start = 0
     initial_val = None
     if saved is not None:
@@ -150,23 +194,29 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
         initial_val = saved.meta.get("initial_val_loss")
         if start >= cfg.steps:
             raise UserError(f"{out} is already at step {start}; pass a larger --steps to continue it")
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    if main:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     say = _printer(cfg)
     say(f"l2l: {cfg.engine} engine, {cfg.model} {cfg.layers} layers x d{cfg.d_model} "
-        f"({stack.num_params / 1e6:.2f}M params) on {device}; data: {corpus.description}")
+        f"({stack.num_params / 1e6:.2f}M params) on {device}"
+        + (f" x {cfg.devices} workers" if cfg.devices > 1 else "")
+        + (f", {world} machines" if world > 1 else "") + f"; data: {corpus.description}")
     if saved is not None:
         say(f"l2l: resumed from {saved.path} at step {start}")
-    plan = forecast(cfg, device, cfg.plan_mode) if start < cfg.steps else None
+    # under torchrun the others would wait on rank 0's calibration: plan only when asked
+    plan_mode = cfg.plan_mode if world == 1 or cfg.plan else "off"
+    plan = forecast(cfg, device, plan_mode) if start < cfg.steps else None
+    distributed.barrier()
     if plan is not None:
         say(f"l2l: plan ({'calibrated' if plan.calibrated else 'uncalibrated'}) {plan.text}")
     if start == 0:
         initial_val = engine.evaluate(val_batches)
         say(f"l2l: step 0 validation loss {initial_val:.4f}")
 
-    log = MetricsLog(out / "metrics.jsonl", resume_from_step=start)
+    log = MetricsLog(out / "metrics.jsonl", resume_from_step=start) if main else None
     bar = _progress(cfg, start)
-    last_val, last_loss, tps_seen, step_times = None, None, [], []
+    last_val, last_loss, tps_seen, step_times, digests = None, None, [], [], None
     peak = weight_peak = 0
     try:
         for step in range(start, cfg.steps):
@@ -174,8 +224,13 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
                        total_steps=cfg.total_schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
             set_lr(engine, lr)
             batch = sampler.next()
+            _fault_kill_at(step)
             t0 = time.perf_counter()
-            result = engine.train_step(batch, step)
+            if world > 1:  # this machine's shard; the loss's divisor stays the global batch's
+                result = engine.train_step(batch.split(world)[rank], step, global_targets=batch.num_targets)
+                result.loss = distributed.sum_over_machines(result.loss)
+            else:
+                result = engine.train_step(batch, step)
             dt = time.perf_counter() - t0
             step_times.append(dt)
             if not math.isfinite(result.loss):
@@ -184,27 +239,31 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
             val = None
             if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
                 val = last_val = engine.evaluate(val_batches)
-            tps = result.tokens / dt
+            tps = batch.inputs.numel() / dt  # the global batch, over all machines
             tps_seen.append(tps)
             last_loss = result.loss
             peak = max(peak, result.device_peak_bytes)
             weight_peak = max(weight_peak, result.device_weight_peak_bytes)
-            log.write({"step": done, "loss": result.loss, "val_loss": val, "lr": lr,
-                       "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
-                       "device_peak_bytes": result.device_peak_bytes,
-                       "device_weight_peak_bytes": result.device_weight_peak_bytes,
-                       "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
-                       "grad_norm": result.grad_norm})
+            if world > 1 and cfg.check_every and (done % cfg.check_every == 0 or done == cfg.steps):
+                digests = distributed.check_agreement(engine.state_tensors(), done)
+            if log is not None:
+                log.write({"step": done, "loss": result.loss, "val_loss": val, "lr": lr,
+                           "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
+                           "device_peak_bytes": result.device_peak_bytes,
+                           "device_weight_peak_bytes": result.device_weight_peak_bytes,
+                           "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
+                           "grad_norm": result.grad_norm})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | val {val:.3f}" if val is not None else ""))
-            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
+            if main and ((cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps):
                 _save(cfg, out, done, engine, sampler, stack, initial_val)
     finally:
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
 
-    if cfg.plot and (out / "metrics.jsonl").stat().st_size:
+    if main and cfg.plot and (out / "metrics.jsonl").stat().st_size:
         plot_metrics(out / "metrics.jsonl", out / "metrics.png",
                      title=f"{cfg.engine} {cfg.model} L{cfg.layers} d{cfg.d_model}",
                      initial_val_loss=initial_val)
@@ -212,10 +271,13 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved) -
                          final_val_loss=last_val, final_loss=last_loss,
                          mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
                          device_peak_bytes=peak, device_weight_peak_bytes=weight_peak)
+    summary.machines_weights_sha256 = digests
     if plan is not None and step_times:
         line, summary.plan = plan.compare(step_times, peak)
         say(line)
-    ckpt.atomic_write_bytes(out / "summary.json", (json.dumps(summary.__dict__, indent=2) + "\n").encode())
+    if main:
+        ckpt.atomic_write_bytes(out / "summary.json",
+                                (json.dumps(summary.__dict__, indent=2) + "\n").encode())
     if last_val is not None and initial_val is not None:
         say(f"l2l: validation loss {initial_val:.4f} -> {last_val:.4f} "
             f"({last_val / initial_val:.0%} of step 0); record in {out}")
@@ -242,6 +304,15 @@ def _fault_hook(step: int):
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
     return kill
+
+
+def _fault_kill_at(step: int) -> None:
+    """Fault injection for the distributed tests: ``L2L_FAULT_KILL_AT_STEP=N`` SIGKILLs
+    this process as step N starts -- a machine dying mid-run."""
+    target = os.environ.get("L2L_FAULT_KILL_AT_STEP")
+    if target is not None and int(target) == step:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _printer(cfg: TrainConfig):

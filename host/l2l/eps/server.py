@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import EpsWorkerError
+from ..errors import EpsWorkerError, PeerLostError
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
@@ -54,7 +54,11 @@ class UpdateRecord:
 class EagerParamServer:
     def __init__(self, backend: EpsBackend, hyper: AdamWHyper, *, copy_dtype: str = "fp32",
                  grad_dtype: str = "fp32", contributors: int = 1,
-                 host_alloc: HostAlloc = numpy_alloc) -> None:
+                 host_alloc: HostAlloc = numpy_alloc,
+                 all_reduce: Callable[[int, np.ndarray], None] | None = None) -> None:
+        """``all_reduce(layer, g)``, when given, sums the box's reduced (unscaled, fp32)
+        gradient of a layer over the machines in place before the update
+        (``l2l.distributed``); every machine then updates from the same bits."""
         if contributors < 1:
             raise ValueError("contributors must be >= 1")
         self.backend = backend
@@ -75,6 +79,8 @@ class EagerParamServer:
         self.wait_seconds = 0.0    # time callers spent blocked on pending updates
         self.update_seconds = 0.0  # time the worker spent updating
         self.history: list[UpdateRecord] = []
+        self.all_reduce = all_reduce
+        self._summed: dict[int, np.ndarray] = {}  # held layers' all-reduced gradients (strict + machines)
         self._holding = False
         self._held: dict[int, Future] = {}  # layer -> future of (finite, sumsq, divisor, loss_scale, hyper)
 
@@ -111,10 +117,11 @@ class EagerParamServer:
         The contributors' inboxes of a layer are the rows of one (contributors, n)
         block, so a backend can take all K contributions as one buffer.
         """
-        if layer not in self._inboxes:
-            n = self._numel[layer]
-            self._inboxes[layer] = self._alloc(self.contributors * n, self.grad_dtype).reshape(self.contributors, n)
-        return self._inboxes[layer][contributor]
+        with self._lock:  # K workers ask at once: one block, allocated once
+            if layer not in self._inboxes:
+                n = self._numel[layer]
+                self._inboxes[layer] = self._alloc(self.contributors * n, self.grad_dtype).reshape(self.contributors, n)
+            return self._inboxes[layer][contributor]
 
     def push_gradient(self, layer: int, contributor: int = 0, *, divisor: float,
                       loss_scale: float = 1.0, ready: Callable[[], None] | None = None) -> None:
@@ -174,6 +181,7 @@ class EagerParamServer:
         if finite and max_norm is not None:
             coef = min(1.0, max_norm / (norm + 1e-6))
         if not finite:
+            self._summed.clear()
             for layer in checks:
                 self.history.append(UpdateRecord(layer, self._steps[layer], False))
             return CommitResult(False, norm, coef)
@@ -194,8 +202,10 @@ class EagerParamServer:
             start = time.perf_counter()
             scalars = StepScalars.compute(hyper, 1, loss_scale, divisor)  # only inv_scale is used
             g = np.empty(self._numel[layer], np.float32)
-            self.gradient_inbox(layer)
-            finite = reduce_gradients(self._inboxes[layer], scalars.inv_scale, g)
+            grads = self._gradients(layer)
+            if self.all_reduce is not None:
+                self._summed[layer] = grads
+            finite = reduce_gradients(grads, scalars.inv_scale, g)
             # float64 accumulation: the norm is a decision, not contract arithmetic
             sumsq = float(np.einsum("i,i->", g, g, dtype=np.float64)) if finite else math.inf
             self.update_seconds += time.perf_counter() - start
@@ -207,6 +217,8 @@ class EagerParamServer:
 
     def poll(self) -> None:
         """Raise the first worker error, if any."""
+        if isinstance(self._error, PeerLostError):
+            raise self._error  # already one clear line
         if self._error is not None:
             raise EpsWorkerError(f"EPS update failed: {self._error!r}") from self._error
 
@@ -230,8 +242,10 @@ class EagerParamServer:
             start = time.perf_counter()
             t = self._steps[layer] + 1
             scalars = StepScalars.compute(hyper, t, loss_scale, divisor)
-            self.gradient_inbox(layer)  # allocated even if no contributor asked for it
-            finite = self.backend.step(layer, self._inboxes[layer], scalars, self._copies[layer])
+            grads = self._summed.pop(layer, None)
+            if grads is None:
+                grads = self._gradients(layer)
+            finite = self.backend.step(layer, grads, scalars, self._copies[layer])
             if finite:
                 self._steps[layer] = t
             self.update_seconds += time.perf_counter() - start
@@ -242,6 +256,19 @@ class EagerParamServer:
             if self._error is None:
                 self._error = exc
             raise
+
+    def _gradients(self, layer: int) -> np.ndarray:
+        """The layer's contributions as the backend takes them: the (K, n) inbox; across
+        machines, the box's sum (contract order, unscaled, so inf and NaN carry through)
+        all-reduced over the machines, as one contribution."""
+        self.gradient_inbox(layer)  # allocated even if no contributor asked for it
+        inbox = self._inboxes[layer]
+        if self.all_reduce is None:
+            return inbox
+        g = np.empty((1, inbox.shape[1]), np.float32)
+        reduce_gradients(inbox, np.float32(1.0), g[0])  # times 1.0: exact
+        self.all_reduce(layer, g[0])
+        return g
 
     def _wait(self, layer: int) -> None:
         self.poll()

@@ -11,6 +11,7 @@ the relay goes on -- and free the layer.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +85,15 @@ class RelayEngine:
     def __init__(self, stack: LayerStack, eps: EagerParamServer, device: torch.device, *,
                  micro_batches: int, stash: str = "device", seed: int = 0,
                  transport=None, precision: str = "fp32", overflow: str = "eager",
-                 clip_grad_norm: float | None = None) -> None:
+                 clip_grad_norm: float | None = None, contributor: int = 0,
+                 micro_batch_offset: int = 0, owns_step: bool = True, rng_lock=None) -> None:
+        """``contributor``, ``micro_batch_offset`` and ``owns_step`` make this engine one
+        worker of a data-parallel relay (``relay/parallel.py``): its gradients are
+        that contribution to the shared EPS, its micro-batches are global micro-batches
+        ``offset, offset + 1, ...`` (for the dropout seeds), and with ``owns_step``
+        False the coordinator, not this worker, holds and commits strict steps.
+        ``rng_lock``: CPU workers share torch's one CPU generator, so with dropout
+        they take turns through this lock while they draw masks."""
         if overflow not in ("eager", "strict"):
             raise ValueError(f"overflow must be 'eager' or 'strict', not {overflow!r}")
         if clip_grad_norm is not None and overflow != "strict":
@@ -100,6 +109,10 @@ class RelayEngine:
         self.scaler: LossScaler = scaler_for(precision)
         self.overflow = overflow
         self.clip_grad_norm = clip_grad_norm
+        self.contributor = contributor
+        self.micro_batch_offset = micro_batch_offset
+        self.owns_step = owns_step
+        self.rng_lock = rng_lock
         self._history_seen = 0
         self.layers = stack.layers
         for i, layer in enumerate(self.layers):
@@ -129,13 +142,13 @@ class RelayEngine:
             self.ledger.sub("grads", _nbytes(fetched.grad))
 
     def _with_grad(self, i: int, fetched: _FetchedLayer) -> None:
-        inbox = self.eps.gradient_inbox(i)
+        inbox = self.eps.gradient_inbox(i, self.contributor)
         fetched.enable_grad(self.transport.gradient_buffer(inbox))
         self.ledger.add("grads", _nbytes(fetched.grad))
 
     def _hand_over(self, i: int, fetched: _FetchedLayer, scale: float) -> None:
-        ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i))
-        self.eps.push_gradient(i, divisor=1.0, loss_scale=scale, ready=ready)
+        ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i, self.contributor))
+        self.eps.push_gradient(i, self.contributor, divisor=1.0, loss_scale=scale, ready=ready)
 
     def _settle_previous_step(self) -> int:
         """Wait for the previous step's updates (the forward needs layer 0 first, whose
@@ -144,7 +157,7 @@ class RelayEngine:
         self.eps.synchronize()
         records = self.eps.history[self._history_seen:]
         self._history_seen = len(self.eps.history)
-        if not records or self.overflow == "strict":  # strict: settled in _commit
+        if not records or self.overflow == "strict":  # strict: settled at commit
             return 0
         skipped = sum(not r.finite for r in records)
         self.scaler.update(skipped > 0)
@@ -162,7 +175,8 @@ class RelayEngine:
                 for mb in batch.split(self.micro_batches)]
 
     def _rng(self, step: int, i: int, j: int):
-        return replay_rng(self.device, derive_seed(self.seed, step, i, j))
+        scope = replay_rng(self.device, derive_seed(self.seed, step, i, self.micro_batch_offset + j))
+        return scope if self.rng_lock is None else _locked(self.rng_lock, scope)
 
     def _track(self, t: torch.Tensor) -> int:
         n = _nbytes(t)
@@ -170,8 +184,12 @@ class RelayEngine:
         return n
 
     # ------------------------------------------------------------ training
-    def train_step(self, batch: Batch, step: int) -> StepResult:
-        """One optimizer step over ``batch``; weights update eagerly, layer by layer."""
+    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
+        """One optimizer step over ``batch``; weights update eagerly, layer by layer.
+
+        ``global_targets``: the loss's divisor when ``batch`` is one worker's shard of
+        a larger batch (the reported loss is then this shard's share of the mean).
+        """
         self.stack.train(True)
         self.ledger.reset_peaks()
         if self.device.type == "cuda":
@@ -182,9 +200,9 @@ class RelayEngine:
         # Backward runs on the loss mean times the scale, so fp16 gradients have the
         # magnitude torch's GradScaler would give; the EPS divides the scale out
         # (the contract's inv_scale = 1 / (loss_scale * divisor), divisor 1 here).
-        multiplier = scale / batch.num_targets
+        divisor = global_targets or batch.num_targets
+        multiplier = scale / divisor
         mbs = self._split(batch)
-        divisor = batch.num_targets
         last = len(self.layers) - 1
         store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
                               schedule=_stash_schedule(last, len(mbs)))
@@ -210,7 +228,7 @@ class RelayEngine:
 
         # post stage: forward and backward at once
         grad_norm = None
-        if self.overflow == "strict":
+        if self.overflow == "strict" and self.owns_step:
             self.eps.hold()
         layer = self._fetch(last)
         if last - 1 not in self._resident:
@@ -251,7 +269,7 @@ class RelayEngine:
             self.eps.poll()
 
         assert len(store) == 0, "stash not drained"
-        if self.overflow == "strict":
+        if self.overflow == "strict" and self.owns_step:
             skipped, grad_norm = self._commit()
         loss = loss_sum.item() / divisor
         return StepResult(
@@ -317,6 +335,12 @@ class RelayEngine:
         self.eps.close()
         if hasattr(self.transport, "close"):
             self.transport.close()
+
+
+@contextmanager
+def _locked(lock, scope):
+    with lock, scope:
+        yield
 
 
 def _stash_schedule(last: int, micro_batches: int) -> list[list[tuple]]:

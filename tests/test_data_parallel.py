@@ -1,0 +1,122 @@
+"""Data-parallel L2L: K workers feeding one EPS in a box, and machines under torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from l2l.config import TrainConfig
+from l2l.data import BatchSampler
+from l2l.metrics import read_metrics
+from l2l.models import build_stack, family
+from l2l.train import build_engine
+
+from conftest import ROOT, run_cli
+
+CFG = TrainConfig(layers=3, d_model=64, heads=4, seq_len=32, batch_size=8, micro_batches=4,
+                  dropout=0.1, progress=False)
+TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
+        "--micro-batches", "4", "--eval-every", "0", "--eval-batches", "1", "--no-plot"]
+
+
+def _losses(corpus, cfg: TrainConfig, steps: int = 4):
+    sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, family(cfg.model).objective, seed=0)
+    engine = build_engine(cfg.check(), build_stack(cfg.model_config(), cfg.seed), torch.device("cpu"))
+    try:
+        return [engine.train_step(sampler.batch(i), i).loss for i in range(steps)], engine.master_weights()
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("eps", ["numpy", "opencl"])
+def test_two_devices_match_one(corpus, eps):
+    """--devices 2 on the same global batch: per-step losses within 1e-6 relative (dropout on:
+    each global micro-batch keeps its seed whichever worker runs it)."""
+    one, w1 = _losses(corpus, replace(CFG, eps=eps))
+    two, w2 = _losses(corpus, replace(CFG, eps=eps, devices=2))
+    for a, b in zip(one, two):
+        assert abs(a - b) <= 1e-6 * abs(a), (one, two)
+    for a, b in zip(w1, w2):
+        # Adam turns last-bit gradient differences (another summation order) into ~lr-sized steps
+        # where a gradient is near zero; the weights agree to a small fraction of lr
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert one[-1] < one[0]
+
+
+def test_strict_mode_with_workers(corpus):
+    one, _ = _losses(corpus, replace(CFG, overflow="strict", clip_grad_norm=0.5))
+    two, _ = _losses(corpus, replace(CFG, overflow="strict", clip_grad_norm=0.5, devices=2))
+    for a, b in zip(one, two):
+        assert abs(a - b) <= 1e-6 * abs(a), (one, two)
+
+
+def test_devices_must_divide_the_micro_batches(tmp_path):
+    r = run_cli("train", "--devices", "3", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and "--devices 3" in r.stderr and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------- machines
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "host"), **extra}
+
+
+def _rank(rank: int, port: int, args: list[str], **extra) -> subprocess.Popen:
+    env = _env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), L2L_DIST_TIMEOUT="20", **extra)
+    return subprocess.Popen([sys.executable, "-m", "l2l", "train", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_torchrun_two_machines_match_one_process(tmp_path):
+    torchrun = ROOT / ".venv" / "bin" / "torchrun"
+    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    args = [*TINY, "--steps", "6", "--check-every", "3", "--no-progress"]
+    r = subprocess.run([*launcher, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "l2l",
+                        "train", *args, "--out", str(tmp_path / "two")],
+                       env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert run_cli("train", *args, "--out", str(tmp_path / "one")).returncode == 0
+    one = [m["loss"] for m in read_metrics(tmp_path / "one" / "metrics.jsonl")]
+    two = [m["loss"] for m in read_metrics(tmp_path / "two" / "metrics.jsonl")]
+    assert len(one) == len(two) == 6
+    for a, b in zip(one, two):
+        assert abs(a - b) <= 1e-6 * abs(a), (one, two)
+    digests = json.loads((tmp_path / "two" / "summary.json").read_text())["machines_weights_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1]  # both ranks hold the same master weights
+
+
+def test_a_dead_machine_stops_the_other_and_resume_continues(tmp_path):
+    out = tmp_path / "run"
+    args = [*TINY, "--steps", "8", "--save-every", "2", "--no-progress", "--out", str(out)]
+    port = _free_port()
+    survivor = _rank(0, port, args)
+    victim = _rank(1, port, args, L2L_FAULT_KILL_AT_STEP="5")  # SIGKILLed as step 6 starts
+    assert victim.wait(timeout=120) == -9
+    start = time.monotonic()
+    _, err = survivor.communicate(timeout=90)
+    assert survivor.returncode == 1 and time.monotonic() - start < 60, err
+    lines = [l for l in err.strip().splitlines() if l]
+    assert len(lines) == 1 and "rank 0 of 2" in lines[0] and "--resume" in lines[0], err
+    # the last checkpoint is step 4; both machines resume and finish the run
+    port = _free_port()
+    ranks = [_rank(r, port, [*args, "--resume"]) for r in (0, 1)]
+    for p in ranks:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    steps = [m["step"] for m in read_metrics(out / "metrics.jsonl")]
+    assert steps[-1] == 8 and steps == sorted(set(steps))
