@@ -120,3 +120,13 @@ def test_a_dead_machine_stops_the_other_and_resume_continues(tmp_path):
         assert p.returncode == 0, err[-2000:]
     steps = [m["step"] for m in read_metrics(out / "metrics.jsonl")]
     assert steps[-1] == 8 and steps == sorted(set(steps))
+
+
+def test_bench_workers_reports_each_worker_count(tmp_path):
+    r = run_cli("bench", "workers", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "16",
+                "--batch-size", "8", "--micro-batches", "4", "--workers", "1", "2", "--steps", "2", "--warmup", "1",
+                "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "bench_workers.json").read_text())["rows"]
+    assert [row["workers"] for row in rows] == [1, 2]
+    assert rows[0]["speedup"] == 1.0 and all(0 <= row["eps_busy_share"] < 1 for row in rows)

@@ -147,11 +147,14 @@ def run_bench(what: str, argv: list[str]) -> int:
         from .bench_memory import run_memory_bench
         run_memory_bench(argv)
         return 0
+    if what == "workers":
+        from .bench_workers import run_workers_bench
+        return run_workers_bench(argv)
     if what == "suite":
         from .bench_suite import run_suite
         return run_suite(argv)
     if what != "relay":
-        raise UserError(f"unknown benchmark {what!r}; available: relay, eps, memory, suite")
+        raise UserError(f"unknown benchmark {what!r}; available: relay, eps, memory, workers, suite")
     run_relay_bench(argv)
     return 0
 

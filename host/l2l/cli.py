@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "
-                                     "memory (device memory vs depth and M), suite (all three, with headline figures)")
-    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps | memory | suite")
+                                     "memory (device memory vs depth and M), workers (1, 2, 4 relay workers on one EPS), "
+                                     "suite (eps, relay and memory, with headline figures)")
+    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps | memory | workers | suite")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see `l2l bench relay --help`)")
     return parser
 

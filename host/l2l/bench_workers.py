@@ -1,0 +1,104 @@
+"""``l2l bench workers``: throughput of 1, 2, 4 relay workers feeding one EPS.
+
+The same global batch and micro-batch size for every K (``--devices K``), the
+engines stepped in turn. Reports tokens/s, the speed-up over one worker, the
+EPS's busy share of a step (its update time over the step time: where the one
+EPS would become the limit) and the share the workers spent waiting on it.
+On a CPU-only machine the workers share the cores, so the speed-up says how
+well K workers fill them; on a GPU box each worker has its own device.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig
+from .models import build_stack
+from .train import build_engine, resolve_device
+
+
+def run(args) -> list[dict]:
+    from .planner import _synthetic_batch
+    device = resolve_device(args.device)
+    base = TrainConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq_len=args.seq_len,
+                       batch_size=args.batch_size, micro_batches=args.micro_batches, eps=args.eps,
+                       device=device.type, progress=False)
+    engines = {k: build_engine(replace(base, devices=k).check(), build_stack(base.model_config(), 0), device)
+               for k in args.workers}
+    batch = _synthetic_batch(base)
+    times = {k: [] for k in engines}
+    busy = {k: [] for k in engines}
+    waits = {k: [] for k in engines}
+    try:
+        for step in range(args.warmup + args.steps):
+            for k, engine in engines.items():
+                eps = engine.eps
+                before = eps.update_seconds
+                t0 = time.perf_counter()
+                result = engine.train_step(batch, step)
+                eps.synchronize()
+                dt = time.perf_counter() - t0
+                if step >= args.warmup:
+                    times[k].append(dt)
+                    busy[k].append((eps.update_seconds - before) / dt)
+                    waits[k].append(result.eps_wait_s / dt)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    one = statistics.median(times[args.workers[0]])
+    rows = []
+    for k in engines:
+        t = statistics.median(times[k])
+        rows.append({"workers": k, "step_s": t, "tokens_per_s": base.batch_size * base.seq_len / t,
+                     "speedup": one / t, "eps_busy_share": statistics.median(busy[k]),
+                     "eps_wait_share": statistics.median(waits[k])})
+        print(f"K={k}: {t:.3f} s/step, {rows[-1]['tokens_per_s']:,.0f} tok/s, x{one / t:.2f}, "
+              f"EPS busy {rows[-1]['eps_busy_share']:.1%}, waited {rows[-1]['eps_wait_share']:.1%}", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict], args) -> str:
+    head = (f"gpt {args.layers} blocks d{args.d_model}, seq {args.seq_len}, global batch {args.batch_size} as "
+            f"{args.micro_batches} micro-batches, EPS {args.eps}, device {args.device}, median of {args.steps} steps "
+            f"after {args.warmup}, engines in turn; torch threads {torch.get_num_threads()}.\n\n"
+            "| workers | step (s) | tokens/s | speed-up | EPS busy | waited on EPS |\n|---:|---:|---:|---:|---:|---:|\n")
+    return head + "".join(f"| {r['workers']} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['speedup']:.2f}x "
+                          f"| {r['eps_busy_share']:.1%} | {r['eps_wait_share']:.1%} |\n" for r in rows)
+
+
+def _parser():
+    from .cli import _Parser
+    p = _Parser(prog="l2l bench workers", description=__doc__)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--micro-batches", type=int, default=8)
+    p.add_argument("--eps", default="numpy")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", default="bench/results")
+    return p
+
+
+def run_workers_bench(argv: list[str]) -> int:
+    from .errors import UserError
+    args = _parser().parse_args(argv)
+    if any(args.micro_batches % k for k in args.workers):
+        raise UserError(f"--micro-batches {args.micro_batches} must be a multiple of every worker count")
+    rows = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_workers.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    table = markdown(rows, args)
+    (out / "bench_workers.md").write_text(table)
+    print("\n" + table)
+    return 0
