@@ -14,7 +14,7 @@
 `define L2L_CVT_NARROW_LAT 2
 
 // divide, square root (owner: l2l_fp32_div.v, l2l_fp32_sqrt.v)
-`define L2L_FP32_DIV_LAT 28
+`define L2L_FP32_DIV_LAT 29
 `define L2L_FP32_SQRT_LAT 28
 
 `endif

@@ -1,0 +1,263 @@
+// l2l_fp32_sqrt -- IEEE-754 binary32 square root y = sqrt(a), correctly
+// rounded (round to nearest, ties to even), fully pipelined: one operation
+// accepted on every clock-enabled cycle, result after `L2L_FP32_SQRT_LAT
+// cycles.
+//
+// Why: the EPS AdamW step takes sqrt(v') once per element; the numerical
+// contract wants exactly the bits of NumPy's float32 sqrt (no approximation,
+// subnormal v' kept), at one element per clock per lane.
+//
+// How: a subnormal operand is normalised (leading-zero count, then shift) to
+// m * 2^E with m in [1, 2); an odd E moves one factor 2 into m, so m lies in
+// [1, 4) and E is even. The 25-bit root of M = m * 2^48 (1 integer bit, 23
+// fraction bits and the round bit) comes from an unrolled radix-2 restoring
+// digit recurrence, one root bit per stage:
+//     R' = 4R + next two radicand bits;  T = 4Q + 1;
+//     R' >= T ?  (R = R' - T, Q = 2Q + 1)  :  (R = R', Q = 2Q)
+// Iteration j works at its own width (j+3 bits, 27 at the last one).
+// The final remainder is the sticky bit. The root of a binary32 never falls
+// in the subnormal range nor overflows, and it never lies exactly halfway
+// between two binary32 values (a set round bit always comes with a nonzero
+// remainder); the rounding is still the full nearest-even rule,
+// round & (sticky | lsb), added to {exponent, fraction}.
+//
+// Stages (each registered, all advanced by ce):
+//   1       classify (zero/subnormal/inf/NaN/negative), leading zeros
+//   2       normalise, exponent halving, radicand alignment
+//   3..27   25 root bits, one per stage
+//   28      round to nearest even, special cases -> y
+//
+// Special cases: NaN in and sqrt(x < 0) (including -inf, negative
+// subnormals) give the canonical quiet NaN 0x7FC00000; sqrt(+-0) = +-0;
+// sqrt(+inf) = +inf.
+//
+// Interface and latency: fpga/rtl/README.md, l2l_fp_latency.vh. rst is
+// synchronous and clears only the valid chain.
+`default_nettype none
+`include "l2l_fp_latency.vh"
+
+module l2l_fp32_sqrt (
+    input  wire        clk,
+    input  wire        rst,
+    input  wire        ce,
+    input  wire        in_valid,
+    input  wire [31:0] a,
+    output wire        out_valid,
+    output wire [31:0] y
+);
+
+    // root bits: 1 integer + 23 fraction + 1 round
+    localparam NR    = 25;
+    // pipeline depth: classify, normalise, NR root bits, round
+    localparam DEPTH = 2 + NR + 1;
+
+    localparam [1:0] SP_NONE = 2'd0, SP_ZERO = 2'd1, SP_INF = 2'd2, SP_NAN = 2'd3;
+
+    initial begin
+        if (DEPTH != `L2L_FP32_SQRT_LAT) begin
+            $error("l2l_fp32_sqrt: pipeline depth %0d != L2L_FP32_SQRT_LAT %0d",
+                   DEPTH, `L2L_FP32_SQRT_LAT);
+            $finish;
+        end
+    end
+
+    // leading zeros of a 24-bit significand (24 when it is zero), as a
+    // log-depth tree: the count of each 2^k-bit group is either the count of
+    // its upper half or 2^(k-1) plus the count of its lower half. A 1 padded
+    // in below the significand bounds the count at 24.
+    function [4:0] lzc24;
+        input [23:0] m;
+        reg [31:0] x;
+        reg [15:0] v1, p1;      // 16 groups of 2 bits: any one, count (1 bit)
+        reg [7:0]  v2;
+        reg [15:0] p2;          // 8 groups of 4: 2-bit counts
+        reg [3:0]  v3;
+        reg [11:0] p3;          // 4 groups of 8: 3-bit counts
+        reg [1:0]  v4;
+        reg [7:0]  p4;          // 2 groups of 16: 4-bit counts
+        integer g;
+        begin
+            x = {m, 1'b1, 7'd0};
+            for (g = 0; g < 16; g = g + 1) begin
+                v1[g] = x[2*g+1] | x[2*g];
+                p1[g] = ~x[2*g+1];
+            end
+            for (g = 0; g < 8; g = g + 1) begin
+                v2[g]        = v1[2*g+1] | v1[2*g];
+                p2[2*g +: 2] = v1[2*g+1] ? {1'b0, p1[2*g+1]} : {1'b1, p1[2*g]};
+            end
+            for (g = 0; g < 4; g = g + 1) begin
+                v3[g]        = v2[2*g+1] | v2[2*g];
+                p3[3*g +: 3] = v2[2*g+1] ? {1'b0, p2[2*(2*g+1) +: 2]} : {1'b1, p2[2*(2*g) +: 2]};
+            end
+            for (g = 0; g < 2; g = g + 1) begin
+                v4[g]        = v3[2*g+1] | v3[2*g];
+                p4[4*g +: 4] = v3[2*g+1] ? {1'b0, p3[3*(2*g+1) +: 3]} : {1'b1, p3[3*(2*g) +: 3]};
+            end
+            lzc24 = v4[1] ? {1'b0, p4[7:4]} : {1'b1, p4[3:0]};
+        end
+    endfunction
+
+    // ------------------------------------------------------------------
+    // stage 1: classify, leading zeros
+    // ------------------------------------------------------------------
+    wire [7:0]  ea     = a[30:23];
+    wire [22:0] fa     = a[22:0];
+    wire        a_emax = (ea == 8'hFF);
+    wire        a_fz   = (fa == 23'd0);
+    wire        a_zero = (ea == 8'd0) & a_fz;
+    wire        is_nan = (a_emax & ~a_fz) | (a[31] & ~a_zero);
+    wire        is_inf = ~is_nan & a_emax;           // +inf
+    wire [23:0] ma0    = {ea != 8'd0, fa};
+
+    reg        s1_v;
+    reg        s1_sign;
+    reg [1:0]  s1_sp;
+    reg [23:0] s1_m;
+    reg [4:0]  s1_lz;
+    reg [7:0]  s1_e;
+
+    always @(posedge clk) begin
+        if (rst)     s1_v <= 1'b0;
+        else if (ce) s1_v <= in_valid;
+        if (ce) begin
+            s1_sign <= a[31];
+            s1_sp   <= is_nan ? SP_NAN : is_inf ? SP_INF : a_zero ? SP_ZERO : SP_NONE;
+            s1_m    <= ma0;
+            s1_lz   <= lzc24(ma0);
+            // a subnormal has the exponent of the smallest normal
+            s1_e    <= (ea == 8'd0) ? 8'd1 : ea;
+        end
+    end
+
+    // ------------------------------------------------------------------
+    // stage 2: normalise; t = (e - lz) + 127 = E + 254 (E unbiased) lies in
+    // [105, 381]; E has the parity of t, the result's biased exponent is
+    // floor(t / 2). Radicand M = m * 2^48 = mn << (25 + odd); its top 26
+    // bits M[49:24] = mn << (1 + odd), the rest is zero.
+    // ------------------------------------------------------------------
+    wire [23:0] mn = s1_m << s1_lz;
+    wire [8:0]  t  = {1'b0, s1_e} - {4'd0, s1_lz} + 9'd127;
+
+    reg        s2_v;
+    reg        s2_sign;
+    reg [1:0]  s2_sp;
+    reg [7:0]  s2_er;
+    reg [25:0] s2_rad;
+
+    always @(posedge clk) begin
+        if (rst)     s2_v <= 1'b0;
+        else if (ce) s2_v <= s1_v;
+        if (ce) begin
+            s2_sign <= s1_sign;
+            s2_sp   <= s1_sp;
+            s2_er   <= t[8:1];
+            s2_rad  <= t[0] ? {mn, 2'b00} : {1'b0, mn, 1'b0};
+        end
+    end
+
+    // ------------------------------------------------------------------
+    // stages 3 .. 2+NR: one root bit each. Element j of each array is the
+    // state before iteration j (element 0: stage 2, R = Q = 0). Before
+    // iteration j, Q has j bits and R <= 2Q has j+1 bits (the arrays hold
+    // them zero-extended). Radicand pairs j >= 13 are 0.
+    // ------------------------------------------------------------------
+    localparam SW = 11;   // {sign, sp, er}
+
+    wire          v_w    [0:NR];
+    wire [25:0]   r_w    [0:NR];
+    wire [24:0]   q_w    [0:NR];
+    wire [25:0]   rad_w  [0:12];
+    wire [SW-1:0] side_w [0:NR];
+
+    assign v_w[0]    = s2_v;
+    assign r_w[0]    = 26'd0;
+    assign q_w[0]    = 25'd0;
+    assign rad_w[0]  = s2_rad;
+    assign side_w[0] = {s2_sign, s2_sp, s2_er};
+
+    genvar j;
+    generate
+        for (j = 0; j < NR; j = j + 1) begin : it
+            wire [j:0]   r_in = r_w[j][j:0];
+            // Q with one leading zero bit, so that iteration 0 has a width
+            wire [j:0]   q_in = q_w[j][j:0];
+            wire [1:0]   pair;
+            if (j < 13) begin : rad_pair
+                assign pair = rad_w[j][25:24];
+            end else begin : zero_pair
+                assign pair = 2'b00;
+            end
+            wire [j+2:0] rp   = {r_in, pair};            // 4R + pair
+            wire [j+2:0] tt   = {q_in, 2'b01};           // 4Q + 1
+            // rp - tt lies in (-tt, 4Q + 2]: j+3 bits two's complement
+            wire [j+2:0] diff = rp - tt;
+            wire         bit_q = ~diff[j+2];
+            wire [j+1:0] qn   = {q_in, bit_q};           // q_in[j] is 0
+
+            reg          v_q;
+            reg  [j+1:0] r_q;
+            reg  [j:0]   q_q;
+            reg  [SW-1:0] side_q;
+
+            always @(posedge clk) begin
+                if (rst)     v_q <= 1'b0;
+                else if (ce) v_q <= v_w[j];
+                if (ce) begin
+                    r_q    <= bit_q ? diff[j+1:0] : rp[j+1:0];
+                    q_q    <= qn[j:0];
+                    side_q <= side_w[j];
+                end
+            end
+
+            if (j < 12) begin : rad_shift
+                reg [25:0] rad_q;
+                always @(posedge clk)
+                    if (ce) rad_q <= {rad_w[j][23:0], 2'b00};
+                assign rad_w[j+1] = rad_q;
+            end
+
+            assign v_w[j+1]    = v_q;
+            assign r_w[j+1]    = r_q;          // zero-extended
+            assign q_w[j+1]    = q_q;          // zero-extended
+            assign side_w[j+1] = side_q;
+        end
+    endgenerate
+
+    // ------------------------------------------------------------------
+    // stage 3+NR: round to nearest even, specials
+    // ------------------------------------------------------------------
+    wire          f_v    = v_w[NR];
+    wire [25:0]   f_r    = r_w[NR];
+    wire [24:0]   f_q    = q_w[NR];
+    wire [SW-1:0] f_side = side_w[NR];
+    wire          f_sign = f_side[10];
+    wire [1:0]    f_sp   = f_side[9:8];
+    wire [7:0]    f_er   = f_side[7:0];
+
+    // f_q[24] is the hidden bit (m >= 1); f_q[0] is the round bit
+    wire        inc = f_q[0] & ((f_r != 26'd0) | f_q[1]);
+    wire [30:0] mag = {f_er, f_q[23:1]} + {30'd0, inc};
+
+    reg        rn_v;
+    reg [31:0] rn_y;
+
+    always @(posedge clk) begin
+        if (rst)     rn_v <= 1'b0;
+        else if (ce) rn_v <= f_v;
+        if (ce) begin
+            case (f_sp)
+                SP_NAN:  rn_y <= 32'h7FC0_0000;
+                SP_INF:  rn_y <= 32'h7F80_0000;
+                SP_ZERO: rn_y <= {f_sign, 31'd0};
+                default: rn_y <= {1'b0, mag};
+            endcase
+        end
+    end
+
+    assign out_valid = rn_v;
+    assign y         = rn_y;
+
+endmodule
+
+`default_nettype wire
