@@ -432,12 +432,26 @@ def cancellation_pairs(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np
     return a, b
 
 
+def near_pairs(rng: np.random.Generator, n: int, span: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` finite pairs whose exponent codes differ by at most ``span`` (either sign).
+
+    For addition these exercise the alignment shift, the guard/round/sticky
+    bits and the normalisation on every pair, unlike uniformly random
+    exponents, whose sum is mostly just the larger operand.
+    """
+    ea = rng.integers(0, 255, n)
+    eb = np.clip(ea + rng.integers(-span, span + 1, n), 0, 254)
+    return (_pack(_signs(rng, n), ea.astype(np.uint64), _mans(rng, n)),
+            _pack(_signs(rng, n), eb.astype(np.uint64), _mans(rng, n)))
+
+
 def operand_pairs(rng: np.random.Generator, n: int, op: str = "add") -> tuple[np.ndarray, np.ndarray]:
     """``n`` shuffled pairs for ``op`` ('add' or 'mul'): a mix of every class.
 
-    Half :func:`random_binades`, and the rest split between finite values over
-    the full exponent range, ties, overflow, underflow and (for add)
-    cancellation. The edge cross product is separate (:func:`edge_pairs`).
+    About a third :func:`random_binades`, and the rest split between finite
+    values over the full exponent range, ties, overflow, underflow and (for
+    add) cancellation and :func:`near_pairs`. The edge cross product is
+    separate (:func:`edge_pairs`).
     """
     parts_n = n // 12
     gens: list[Callable[[], tuple[np.ndarray, np.ndarray]]] = [
@@ -448,6 +462,7 @@ def operand_pairs(rng: np.random.Generator, n: int, op: str = "add") -> tuple[np
     ]
     if op == "add":
         gens.append(lambda: cancellation_pairs(rng, parts_n))
+        gens.append(lambda: near_pairs(rng, 2 * parts_n))
     elif op != "mul":
         raise ValueError(op)
     a_parts, b_parts = [], []

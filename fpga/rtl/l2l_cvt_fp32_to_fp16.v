@@ -61,14 +61,15 @@ module l2l_cvt_fp32_to_fp16 (
     wire        normal = (e >= 8'd113);                     // binary16 exponent e - 112 >= 1
     wire        tiny   = (e == 8'd0);                       // zero or binary32 subnormal: result 0
     wire [23:0] sig    = {1'b1, a[22:0]};
-    // right shift: 13 for a binary16 normal, 126 - e (14..25) for a subnormal
-    wire [7:0]  sh_raw = 8'd126 - e;
-    wire [4:0]  sh     = normal ? 5'd13 : ((e <= 8'd101) ? 5'd25 : sh_raw[4:0]);
-    wire [23:0] q      = sig >> sh;                         // q[10] = hidden bit when normal
-    wire [23:0] below  = sig & ~({24{1'b1}} << sh);         // bits shifted out
-    wire [23:0] half   = 24'd1 << (sh - 5'd1);
-    wire        guard  = |(below & half);
-    wire        sticky = |(below & ~half);
+    // right shift: 13 for a binary16 normal, 126 - e (14..25) for a subnormal;
+    // for e in 102..112, 126 - e = 30 - e[4:0] (mod 32)
+    wire [4:0]  sh     = normal ? 5'd13 : ((e <= 8'd101) ? 5'd25 : (5'd30 - e[4:0]));
+    // shifting {sig, 26 zeros} by at most 25 loses nothing: the low 26 bits
+    // hold the guard bit and the sticky bits
+    wire [49:0] w      = {sig, 26'd0} >> sh;
+    wire [23:0] q      = w[49:26];                          // q[10] = hidden bit when normal
+    wire        guard  = w[25];
+    wire        sticky = |w[24:0];
     wire [4:0]  ef     = normal ? (e[4:0] - 5'd16) : 5'd0;  // e - 112 (mod 32), 1..30
 
     reg         s1_v;

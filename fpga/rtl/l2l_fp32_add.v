@@ -22,7 +22,8 @@
 //   stage 2  align: the small significand shifted right by d, the bits
 //            shifted out ORed into the sticky bit
 //   stage 3  28-bit add or subtract; leading-zero count of the sum ORed with
-//            the stage-1 mask, so the count never exceeds exponent - 1
+//            the stage-1 mask, so the count never exceeds exponent - 1 (a
+//            five-level tree count)
 //   stage 4  normalise (right by one on a carry-out, else left by the count),
 //            round to nearest even by adding the increment to
 //            {exponent, fraction} -- a carry out of the fraction bumps the
@@ -66,14 +67,37 @@ module l2l_fp32_add (
         end
     end
 
-    // leading zeros of a 27-bit vector (27 when it is zero)
-    function [4:0] lzc27;
-        input [26:0] x;
-        integer i;
+    // leading zeros of a nonzero byte (0..7; a zero byte is never asked)
+    function [2:0] lzc8;
+        input [7:0] x;
+        casez (x)
+            8'b1???????: lzc8 = 3'd0;
+            8'b01??????: lzc8 = 3'd1;
+            8'b001?????: lzc8 = 3'd2;
+            8'b0001????: lzc8 = 3'd3;
+            8'b00001???: lzc8 = 3'd4;
+            8'b000001??: lzc8 = 3'd5;
+            8'b0000001?: lzc8 = 3'd6;
+            8'b00000001: lzc8 = 3'd7;
+            default:     lzc8 = 3'd7;
+        endcase
+    endfunction
+
+    // leading zeros of a 32-bit vector (32 when it is zero), in two levels:
+    // the count within each byte and, next to it, which byte holds the
+    // leading one (a few LUT levels, not a 32-deep priority chain)
+    function [5:0] lzc32;
+        input [31:0] x;
+        reg   [3:0]  nz;                       // byte k (k = 3: most significant) is not zero
         begin
-            lzc27 = 5'd27;
-            for (i = 0; i < 27; i = i + 1)
-                if (x[i]) lzc27 = 5'd26 - i[4:0];
+            nz = {|x[31:24], |x[23:16], |x[15:8], |x[7:0]};
+            casez (nz)
+                4'b1???: lzc32 = {3'd0, lzc8(x[31:24])};
+                4'b01??: lzc32 = {3'd1, lzc8(x[23:16])};
+                4'b001?: lzc32 = {3'd2, lzc8(x[15:8])};
+                4'b0001: lzc32 = {3'd3, lzc8(x[7:0])};
+                default: lzc32 = 6'd32;
+            endcase
         end
     endfunction
 
@@ -91,10 +115,15 @@ module l2l_fp32_add (
     wire [30:0] big     = a_big ? a[30:0] : b[30:0];
     wire [30:0] sml     = a_big ? b[30:0] : a[30:0];
     wire        big_s   = a_big ? a[31] : sb_eff;
-    wire [7:0]  big_e   = (big[30:23] == 8'd0) ? 8'd1 : big[30:23];
-    wire [7:0]  sml_e   = (sml[30:23] == 8'd0) ? 8'd1 : sml[30:23];
-    wire [7:0]  diff    = big_e - sml_e;             // >= 0
-    wire [4:0]  d_clamp = (diff > 8'd27) ? 5'd27 : diff[4:0];
+    // exponent difference: both orders computed next to the compare, then selected
+    wire [7:0]  ea_1    = (a[30:23] == 8'd0) ? 8'd1 : a[30:23];   // subnormals: exponent 1
+    wire [7:0]  eb_1    = (b[30:23] == 8'd0) ? 8'd1 : b[30:23];
+    wire [7:0]  d_ab    = ea_1 - eb_1;
+    wire [7:0]  d_ba    = eb_1 - ea_1;
+    wire [4:0]  dc_ab   = (d_ab > 8'd27) ? 5'd27 : d_ab[4:0];
+    wire [4:0]  dc_ba   = (d_ba > 8'd27) ? 5'd27 : d_ba[4:0];
+    wire [4:0]  d_clamp = a_big ? dc_ab : dc_ba;                  // >= 0: |big| >= |small|
+    wire [7:0]  big_e   = a_big ? ea_1 : eb_1;
     // limit on the left normalisation shift: big_e - 1; a 1 placed at bit
     // 26 - (big_e - 1) of the count input stops the count there
     wire [7:0]  lim     = big_e - 8'd1;
@@ -156,6 +185,10 @@ module l2l_fp32_add (
     wire [27:0] z = s2_sub ? ({1'b0, s2_xb} - {1'b0, s2_xs})
                            : ({1'b0, s2_xb} + {1'b0, s2_xs});
 
+    wire [31:0] lz_in  = {z[26:0] | s2_mask, 5'b11111};     // padded: count <= 27
+    wire [5:0]  lz_all = lzc32(lz_in);
+    wire [4:0]  lz     = lz_all[4:0];                    // <= 27
+
     reg         s3_v;
     reg         s3_nan, s3_inf, s3_sign, s3_sub;
     reg  [7:0]  s3_e;
@@ -172,7 +205,7 @@ module l2l_fp32_add (
             s3_sub  <= s2_sub;
             s3_e    <= s2_e;
             s3_z    <= z;
-            s3_lz   <= lzc27(z[26:0] | s2_mask);
+            s3_lz   <= lz;
         end
     end
 

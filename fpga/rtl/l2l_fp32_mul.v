@@ -22,7 +22,7 @@
 //   stage 3  leading-zero count, shift direction and amount (right shifts
 //            clamped to 25: everything lands in the sticky bit), result
 //            exponent
-//   stage 4  shift with sticky collection, round to nearest even by adding
+//   stage 4  shift (left or right) with sticky collection, round to nearest even by adding
 //            the increment to {exponent, fraction} (a carry out of the
 //            fraction bumps the exponent: largest subnormal -> smallest
 //            normal, largest finite -> inf), overflow, special cases -> y
@@ -59,14 +59,39 @@ module l2l_fp32_mul (
         end
     end
 
-    // leading zeros of a 48-bit product (48 when it is zero)
+    // leading zeros of a nonzero byte (0..7; a zero byte is never asked)
+    function [2:0] lzc8;
+        input [7:0] x;
+        casez (x)
+            8'b1???????: lzc8 = 3'd0;
+            8'b01??????: lzc8 = 3'd1;
+            8'b001?????: lzc8 = 3'd2;
+            8'b0001????: lzc8 = 3'd3;
+            8'b00001???: lzc8 = 3'd4;
+            8'b000001??: lzc8 = 3'd5;
+            8'b0000001?: lzc8 = 3'd6;
+            8'b00000001: lzc8 = 3'd7;
+            default:     lzc8 = 3'd7;
+        endcase
+    endfunction
+
+    // leading zeros of a 48-bit product (48 when it is zero), in two levels:
+    // the count within each byte and, next to it, which byte holds the
+    // leading one (a few LUT levels, not a 48-deep priority chain)
     function [5:0] lzc48;
         input [47:0] x;
-        integer i;
+        reg   [5:0]  nz;                       // byte k (k = 5: most significant) is not zero
         begin
-            lzc48 = 6'd48;
-            for (i = 0; i < 48; i = i + 1)
-                if (x[i]) lzc48 = 6'd47 - i[5:0];
+            nz = {|x[47:40], |x[39:32], |x[31:24], |x[23:16], |x[15:8], |x[7:0]};
+            casez (nz)
+                6'b1?????: lzc48 = {3'd0, lzc8(x[47:40])};
+                6'b01????: lzc48 = {3'd1, lzc8(x[39:32])};
+                6'b001???: lzc48 = {3'd2, lzc8(x[31:24])};
+                6'b0001??: lzc48 = {3'd3, lzc8(x[23:16])};
+                6'b00001?: lzc48 = {3'd4, lzc8(x[15:8])};
+                6'b000001: lzc48 = {3'd5, lzc8(x[7:0])};
+                default:   lzc48 = 6'd48;
+            endcase
         end
     endfunction
 
@@ -128,15 +153,16 @@ module l2l_fp32_mul (
     // ------------------------------------------------------------------
     // stage 3: leading zeros, shift amount, result exponent
     // ------------------------------------------------------------------
-    wire [5:0]  lz     = lzc48(s2_p);
+    wire [5:0]  lz     = lzc48(s2_p);                    // 0..47 (the product is not 0 here)
     wire        e_pos  = ~s2_e[9] && (s2_e != 10'd0);       // E >= 1
     wire [9:0]  em1    = s2_e - 10'd1;                      // E - 1 (valid when E >= 1)
+    wire [9:0]  e_lz   = s2_e - {4'd0, lz};                 // E - lz, next to the compare
     wire        lim    = e_pos && (em1 < {4'd0, lz});       // the exponent floor binds
     wire [5:0]  shl    = !e_pos ? 6'd0 : (lim ? em1[5:0] : lz);
     wire [9:0]  rneg   = 10'd1 - s2_e;                      // 1 - E (valid when E < 1)
     wire [4:0]  shr    = e_pos ? 5'd0 : ((rneg > 10'd25) ? 5'd25 : rneg[4:0]);
-    // result exponent: E - shl when shifting left, 1 when shifting right
-    wire [9:0]  e_res  = e_pos ? (s2_e - {4'd0, shl}) : 10'd1;
+    // result exponent: E - lz when shifting left by lz, 1 at the floor or when shifting right
+    wire [9:0]  e_res  = (e_pos && !lim) ? e_lz : 10'd1;
 
     reg         s3_v;
     reg         s3_nan, s3_inf, s3_zero, s3_sign;
@@ -163,9 +189,9 @@ module l2l_fp32_mul (
     // ------------------------------------------------------------------
     // stage 4: shift, sticky, round to nearest even, pack, special cases
     // ------------------------------------------------------------------
-    wire [47:0] pl     = s3_p << s3_shl;                    // shl and shr: at most one is nonzero
-    wire [47:0] n      = pl >> s3_shr;
-    wire        st_out = |(pl & ~({48{1'b1}} << s3_shr));   // bits shifted out to the right
+    // shl and shr: at most one is nonzero, so the two shifters work side by side
+    wire [47:0] n      = (s3_shr != 5'd0) ? (s3_p >> s3_shr) : (s3_p << s3_shl);
+    wire        st_out = |(s3_p & ~({48{1'b1}} << s3_shr)); // bits shifted out to the right
     wire        sticky = st_out | (|n[22:0]);
     wire        inc    = n[23] & (sticky | n[24]);
     wire [7:0]  ef     = n[47] ? s3_e[7:0] : 8'd0;          // leading bit clear: subnormal (e = 1)
