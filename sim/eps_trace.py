@@ -1,0 +1,180 @@
+"""Record every EPS update of a real training run, for replay through the RTL kernel.
+
+Recording wraps the NumPy backend from the outside (:class:`RecordingBackend`,
+an :class:`~l2l.eps.backend.EpsBackend` that delegates to
+:class:`~l2l.eps.NumpyBackend`): at every ``step`` it copies the layer's
+state before the update (``read_state``), the K gradient contributions as the
+server handed them over, the step scalars, the finite flag, the state after
+the update and the device copy. Nothing under host/ is changed: the wrapper is
+passed to :class:`~l2l.eps.EagerParamServer` like any backend, and the run is
+the library's own relay (:class:`~l2l.relay.engine.RelayEngine`, or
+:class:`~l2l.relay.parallel.DataParallelRelay` for K > 1 contributions) on a
+tiny byte-level GPT over the stdlib corpus, so the trace holds the values a
+training run really produces (small weights, tiny moments, gradients over
+many binades, fp16 loss-scale overflows when they happen).
+
+:func:`record` runs and saves a trace (``.npz``: bit patterns, so bfloat16
+and binary16 survive any NumPy); :func:`load` reads one back as
+:class:`Trace`; :func:`grad_words` turns a (K, n) gradient block into the
+words the kernel's ``gr`` buffer holds (the K contributions back to back).
+Loading needs only NumPy (the cocotb process never imports torch).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from l2l.eps.backend import EpsBackend
+from l2l.eps.contract import StepScalars
+from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
+
+_UINT = {2: np.uint16, 4: np.uint32}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(_UINT[a.dtype.itemsize])
+
+
+@dataclass
+class Update:
+    """One EPS layer update as the NumPy backend saw and did it."""
+    layer: int
+    grads: np.ndarray          # (K, n), the gradient dtype
+    scalars: StepScalars
+    p: np.ndarray              # state before (float32)
+    m: np.ndarray
+    v: np.ndarray
+    finite: bool
+    p_out: np.ndarray          # state after (unchanged when not finite)
+    m_out: np.ndarray
+    v_out: np.ndarray
+    copy_out: np.ndarray       # the device copy after the update (the copy dtype)
+
+
+@dataclass
+class Trace:
+    gdtype: str
+    cdtype: str
+    updates: list[Update]
+    meta: dict
+
+
+class RecordingBackend(EpsBackend):
+    """An EPS backend that runs ``inner`` and records every ``step`` it is asked for."""
+
+    name = "recording"
+
+    def __init__(self, inner: EpsBackend) -> None:
+        self.inner = inner
+        self.updates: list[Update] = []
+
+    def allocate(self, layer: int, p: np.ndarray) -> None:
+        self.inner.allocate(layer, p)
+
+    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
+             copy_out: np.ndarray) -> bool:
+        p, m, v = self.inner.read_state(layer)
+        g = np.array(np.stack([np.asarray(x) for x in grads]) if not isinstance(grads, np.ndarray)
+                     else grads, copy=True)
+        finite = self.inner.step(layer, grads, scalars, copy_out)
+        p2, m2, v2 = self.inner.read_state(layer)
+        self.updates.append(Update(layer, g, scalars, p, m, v, bool(finite), p2, m2, v2,
+                                   np.array(copy_out, copy=True)))
+        return finite
+
+    def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
+        self.inner.write_copy(layer, copy_out)
+
+    def read_state(self, layer: int):
+        return self.inner.read_state(layer)
+
+    def write_state(self, layer: int, p, m, v) -> None:
+        self.inner.write_state(layer, p, m, v)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, steps: int = 2,
+           d_model: int = 4, heads: int = 1, layers: int = 1, seq_len: int = 8, batch_size: int = 4,
+           micro_batches: int = 2, lr: float = 2e-3, seed: int = 0) -> Trace:
+    """Train a tiny GPT for ``steps`` steps with the recording NumPy EPS; save and return the trace.
+
+    ``precision`` (fp32, bf16, fp16) is the relay's compute precision and so the
+    gradient and device-copy dtype; ``contributors`` > 1 runs a data-parallel
+    relay of that many CPU workers, whose gradients are the EPS's K contributions.
+    """
+    import torch
+
+    from l2l.data import BatchSampler, load_corpus
+    from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+    from l2l.models import ModelConfig, build_stack, family
+    from l2l.relay.engine import RelayEngine
+
+    cfg = ModelConfig(family="gpt", layers=layers, d_model=d_model, heads=heads, seq_len=seq_len, dropout=0.0)
+    rec = RecordingBackend(NumpyBackend())
+    eps = EagerParamServer(rec, AdamWHyper(lr=lr), copy_dtype=precision, grad_dtype=precision,
+                           contributors=contributors)
+    cpu = torch.device("cpu")
+    if contributors == 1:
+        engine = RelayEngine(build_stack(cfg, seed), eps, cpu, micro_batches=micro_batches,
+                             precision=precision, seed=seed)
+    else:
+        from l2l.relay.parallel import DataParallelRelay
+        engine = DataParallelRelay([build_stack(cfg, seed) for _ in range(contributors)], eps,
+                                   [cpu] * contributors, micro_batches=micro_batches, precision=precision,
+                                   seed=seed)
+    corpus = load_corpus(None)
+    sampler = BatchSampler(corpus.train, cfg.seq_len, batch_size, family(cfg.family).objective, seed=seed)
+    losses = []
+    try:
+        for step in range(steps):
+            losses.append(float(engine.train_step(sampler.batch(step), step).loss))
+        eps.synchronize()
+    finally:
+        eps.close()
+    meta = {"precision": precision, "contributors": contributors, "steps": steps, "model": cfg.to_dict(),
+            "lr": lr, "losses": losses}
+    trace = Trace(precision, precision, list(rec.updates), meta)
+    save(trace, path)
+    return trace
+
+
+def save(trace: Trace, path: str | Path) -> None:
+    arrays = {}
+    index = []
+    for i, u in enumerate(trace.updates):
+        index.append({"layer": u.layer, "finite": u.finite})
+        arrays[f"{i}.grads"] = _bits(u.grads)
+        arrays[f"{i}.scalars"] = np.asarray(u.scalars.as_tuple(), np.float32).view(np.uint32)
+        for name in ("p", "m", "v", "p_out", "m_out", "v_out", "copy_out"):
+            arrays[f"{i}.{name}"] = _bits(getattr(u, name))
+    head = {"gdtype": trace.gdtype, "cdtype": trace.cdtype, "updates": index, "meta": trace.meta}
+    arrays["header"] = np.frombuffer(json.dumps(head).encode(), np.uint8)
+    np.savez_compressed(path, **arrays)
+
+
+def load(path: str | Path) -> Trace:
+    with np.load(path) as z:
+        head = json.loads(z["header"].tobytes().decode())
+        gdt, cdt = GRAD_DTYPES[head["gdtype"]], COPY_DTYPES[head["cdtype"]]
+        f32 = lambda a: a.view(np.float32)  # noqa: E731
+        updates = []
+        for i, ent in enumerate(head["updates"]):
+            s = StepScalars(*(np.float32(x) for x in z[f"{i}.scalars"].view(np.float32)))
+            updates.append(Update(
+                layer=ent["layer"], grads=z[f"{i}.grads"].view(gdt), scalars=s,
+                p=f32(z[f"{i}.p"]), m=f32(z[f"{i}.m"]), v=f32(z[f"{i}.v"]), finite=ent["finite"],
+                p_out=f32(z[f"{i}.p_out"]), m_out=f32(z[f"{i}.m_out"]), v_out=f32(z[f"{i}.v_out"]),
+                copy_out=z[f"{i}.copy_out"].view(cdt)))
+    return Trace(head["gdtype"], head["cdtype"], updates, head["meta"])
+
+
+def grad_words(grads: np.ndarray) -> np.ndarray:
+    """The (K, n) contributions as one run of words, contribution 0 first (the ``gr`` buffer)."""
+    return _bits(np.ascontiguousarray(grads)).reshape(-1)

@@ -1,0 +1,186 @@
+"""The RTL EPS kernel (fpga/rtl/l2l_eps_kernel.v) and its AXI machinery under cocotb.
+
+- ``test_control_registers``: l2l_axil_ctrl alone (sim/tb_axil_ctrl.py): every
+  argument register in the ARGS.md order, byte strobes, unmapped offsets,
+  ap_start / ap_done / ap_ready / ap_idle / auto_restart, GIE / IER / ISR
+  toggle and the interrupt line, an event in the very cycle of a
+  clear-on-read.
+- ``test_dma``: l2l_axi_rd feeding l2l_axi_wr (sim/tb_axi_dma.py): ranges
+  starting at any element offset, lengths on and around LANES and the burst
+  length, realigned, written back exactly with strobes, random pauses on all
+  AXI channels and stalls on the stream; with a deep enough read buffer, one
+  beat per clock when memory never pauses.
+- ``test_kernel_bitexact``: the whole kernel through AXI (sim/tb_eps_kernel.py):
+  layers of n = 1, LANES - 1, around BURST*LANES and larger, K = 1, 2, 4,
+  several steps on the same state, gradients starting mid-beat, a non-finite
+  gradient (flag 0, p/m/v/copy untouched), random AXI pauses everywhere;
+  every output bit for bit against the golden model l2l.eps.numerics.
+- ``test_kernel_edge_args``: n = 0, k = 0, k > 255 write the flag only; the
+  ap_ctrl_hs bits and the interrupt at the top level.
+- ``test_kernel_throughput``: memory that never pauses; the update pass must
+  move >= 0.95 elements per cycle per lane in steady state (K = 1); the
+  numbers (check pass, update pass, steady state, K = 1 and 2) are printed.
+- ``test_args_md_documents_the_register_map``: the "RTL kernel" section of
+  fpga/ARGS.md lists the offsets of the RTL source.
+
+The default run keeps to a few hundred elements per configuration; the dtype
+sweep, larger layers and the longer throughput run are marked slow.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sim"))
+import rtl_runner  # noqa: E402
+
+pytestmark = pytest.mark.skipif(rtl_runner.missing_simulator() is not None,
+                                reason=str(rtl_runner.missing_simulator()))
+
+CODE = {"fp32": 0, "bf16": 1, "fp16": 2}
+KERNEL_FILES = [
+    "l2l_eps_kernel.v", "l2l_axil_ctrl.v", "l2l_axi_rd.v", "l2l_axi_wr.v", "l2l_fifo.v",
+    "l2l_eps_reduce.v", "l2l_eps_adamw.v", "l2l_eps_lane.v", "l2l_fp32_add.v", "l2l_fp32_mul.v",
+    "l2l_fp32_div.v", "l2l_fp32_sqrt.v", "l2l_cvt_bf16_to_fp32.v", "l2l_cvt_fp16_to_fp32.v",
+    "l2l_cvt_fp32_to_bf16.v", "l2l_cvt_fp32_to_fp16.v", "l2l_delay.v", "l2l_pipe_skid.v",
+]
+
+
+def run_kernel(testcase: str, *, lanes: int, gdtype: str, cdtype: str, burst: int, block: int,
+               rd_fifo: int | None = None, wr_fifo: int | None = None, **env) -> None:
+    params = dict(LANES=lanes, GDTYPE=CODE[gdtype], CDTYPE=CODE[cdtype], BURST=burst, BLOCK=block,
+                  RD_FIFO=rd_fifo or max(32, 4 * burst), WR_FIFO=wr_fifo or max(16, 2 * burst))
+    env = {"L2L_GDTYPE": gdtype, "L2L_CDTYPE": cdtype, **{k: str(v) for k, v in env.items()}}
+    rtl_runner.run("l2l_eps_kernel", rtl_runner.rtl(*KERNEL_FILES), "tb_eps_kernel",
+                   parameters=params, env=env, testcase=testcase)
+
+
+def cases(*specs: dict) -> str:
+    return json.dumps(list(specs))
+
+
+# ---------------------------------------------------------------- control registers, DMA
+
+
+def test_control_registers():
+    rtl_runner.run("l2l_axil_ctrl", rtl_runner.rtl("l2l_axil_ctrl.v"), "tb_axil_ctrl",
+                   env={"L2L_CTRL_SEED": "1"})
+
+
+# (LANES, element bits, BURST, read/write buffer depth, check the rate)
+DMA_CONFIGS = [
+    (4, 32, 8, 32, True),     # 16-byte beats, buffer deep enough for one beat per clock
+    (1, 16, 16, 64, True),    # 2-byte beats (a bf16 gradient port at LANES = 1)
+    (8, 16, 4, 4, False),     # buffer = one burst: credits throttle the reads, data still exact
+    (16, 32, 64, 128, False),  # 64-byte beats, 4 KiB bursts (the LANES = 16 fp32 shape)
+]
+
+
+@pytest.mark.parametrize("lanes, ew, burst, depth, rate", DMA_CONFIGS,
+                         ids=[f"L{c[0]}-e{c[1]}-b{c[2]}-f{c[3]}" for c in DMA_CONFIGS])
+def test_dma(lanes, ew, burst, depth, rate):
+    rtl_runner.run("l2l_dma_loop", [ROOT / "sim" / "l2l_dma_loop.v",
+                                    *rtl_runner.rtl("l2l_axi_rd.v", "l2l_axi_wr.v", "l2l_fifo.v")],
+                   "tb_axi_dma", parameters=dict(LANES=lanes, EW=ew, BURST=burst, FIFO_DEPTH=depth),
+                   env={"L2L_DMA_BURST": str(burst), "L2L_DMA_SEED": str(lanes * 100 + burst)},
+                   testcase=["test_copy_ranges", "test_stream_rate"] if rate else "test_copy_ranges")
+
+
+# ---------------------------------------------------------------- the kernel
+
+
+def test_kernel_bitexact_lanes4():
+    """LANES = 4, bf16 gradients, fp16 copy, 8-beat bursts and blocks: n = 1, 3 (LANES - 1),
+    31 / 33 (BURST*LANES -+ 1), K = 1, 2, 4, gradients mid-beat, 3 steps, a NaN gradient."""
+    run_kernel("test_cases", lanes=4, gdtype="bf16", cdtype="fp16", burst=8, block=8,
+               L2L_KERNEL_SEED=11, L2L_KERNEL_CASES=cases(
+                   {"kind": "wide", "n": 1, "K": 4},
+                   {"kind": "train", "n": 3, "K": 2, "gr_off": 1},
+                   {"kind": "train", "n": 31, "K": 1, "steps": 3},
+                   {"kind": "wide", "n": 33, "K": 2, "gr_off": 3},
+                   {"kind": "nonfinite-nan", "n": 9, "K": 2}))
+
+
+def test_kernel_bitexact_lanes1():
+    """LANES = 1, fp32 gradients, bf16 copy, 4-beat bursts, 8-beat blocks: segments that end
+    mid-burst, K = 4 with short segments (the reducer's hazard stall), an inf - inf gradient."""
+    run_kernel("test_cases", lanes=1, gdtype="fp32", cdtype="bf16", burst=4, block=8,
+               L2L_KERNEL_SEED=12, L2L_KERNEL_CASES=cases(
+                   {"kind": "ties-reduction", "n": 5, "K": 4},
+                   {"kind": "specials-default-t1", "n": 9, "K": 1, "steps": 2},
+                   {"kind": "train", "n": 17, "K": 2},
+                   {"kind": "nonfinite-inf-inf", "n": 3, "K": 2}))
+
+
+def test_kernel_edge_args():
+    run_kernel("test_edge_args", lanes=2, gdtype="fp16", cdtype="fp32", burst=4, block=4,
+               L2L_KERNEL_SEED=13)
+
+
+def test_kernel_throughput():
+    """K = 1 update pass at >= 0.95 elements/cycle/lane in steady state (memory never pauses)."""
+    run_kernel("test_throughput", lanes=1, gdtype="fp32", cdtype="fp32", burst=16, block=16,
+               L2L_KERNEL_RATE_N=256, L2L_KERNEL_RATE_K="1")
+
+
+SWEEP = [(g, c) for g in CODE for c in CODE]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gdtype, cdtype", SWEEP, ids=[f"{g}-{c}" for g, c in SWEEP])
+def test_kernel_dtype_sweep(gdtype, cdtype):
+    """Every gradient x copy dtype at LANES = 2, with a few thousand elements and the vector classes."""
+    run_kernel("test_cases", lanes=2, gdtype=gdtype, cdtype=cdtype, burst=16, block=16,
+               L2L_KERNEL_SEED=20 + CODE[gdtype] * 3 + CODE[cdtype], L2L_KERNEL_CASES=cases(
+                   {"kind": "wide", "n": 1, "K": 1},
+                   {"kind": "train", "n": 31, "K": 4, "gr_off": 1},
+                   {"kind": "specials-big-t1000", "n": 33, "K": 2},
+                   {"kind": "ties-reduction", "n": 65, "K": 2},
+                   {"kind": "train", "n": 3000, "K": 2, "steps": 2},
+                   {"kind": "nonfinite-+inf", "n": 100, "K": 1},
+                   {"kind": "nonfinite-scale-overflow", "n": 40, "K": 2}))
+
+
+@pytest.mark.slow
+def test_kernel_lanes16_bursts():
+    """The production shape: LANES = 16 fp32, 64-beat (4 KiB) bursts, 64-beat blocks."""
+    run_kernel("test_cases", lanes=16, gdtype="fp32", cdtype="bf16", burst=64, block=64,
+               rd_fifo=256, wr_fifo=128, L2L_KERNEL_SEED=30, L2L_KERNEL_CASES=cases(
+                   {"kind": "train", "n": 15, "K": 2},
+                   {"kind": "wide", "n": 1025, "K": 1, "gr_off": 5},
+                   {"kind": "train", "n": 2049, "K": 2, "steps": 2}))
+
+
+@pytest.mark.slow
+def test_kernel_throughput_long(tmp_path):
+    """The throughput figure: LANES = 4, 64-beat bursts, 16k elements, K = 1 and K = 2."""
+    report = tmp_path / "rate.json"
+    run_kernel("test_throughput", lanes=4, gdtype="fp32", cdtype="fp32", burst=64, block=64,
+               rd_fifo=256, wr_fifo=128, L2L_KERNEL_RATE_N=16384, L2L_KERNEL_RATE_K="1,2",
+               L2L_KERNEL_REPORT=report)
+    print(report.read_text())
+
+
+# ---------------------------------------------------------------- documentation
+
+
+def test_args_md_documents_the_register_map():
+    from tb_eps_kernel import ARG_NAMES, register_map
+
+    regs = register_map()
+    assert list(regs) == ARG_NAMES
+    text = (ROOT / "fpga" / "ARGS.md").read_text()
+    section = text[text.index("## RTL kernel"):]
+    rows = dict(re.findall(r"^\| (0x[0-9A-Fa-f]+) \| `(\w+)` \|", section, re.M))
+    documented = {name: int(off, 16) for off, name in rows.items()}
+    buffers_and_counts = {k: v for k, v in regs.items() if k in ARG_NAMES[:8]}
+    assert documented == buffers_and_counts
+    scalars = re.search(r"\| (0x[0-9A-Fa-f]+) \.\. (0x[0-9A-Fa-f]+) \| `([\w, ]+)` \|", section)
+    names = [s.strip() for s in scalars.group(3).split(",")]
+    assert names == ARG_NAMES[8:]
+    assert int(scalars.group(1), 16) == regs[names[0]] and int(scalars.group(2), 16) == regs[names[-1]]
