@@ -19,9 +19,9 @@
 //            ma * mb[16:0] and ma * mb[23:17] (the split maps onto two
 //            27x18 DSP48E2 slices)
 //   stage 2  sum of the partial products: the exact 48-bit product
-//   stage 3  leading-zero count, shift direction and amount (right shifts
-//            clamped to 25: everything lands in the sticky bit), result
-//            exponent
+//   stage 3  leading-zero count (of the top 32 product bits: enough, see
+//            there), shift direction and amount (right shifts clamped to 25:
+//            everything lands in the sticky bit), result exponent
 //   stage 4  shift (left or right) with sticky collection, round to nearest even by adding
 //            the increment to {exponent, fraction} (a carry out of the
 //            fraction bumps the exponent: largest subnormal -> smallest
@@ -75,22 +75,20 @@ module l2l_fp32_mul (
         endcase
     endfunction
 
-    // leading zeros of a 48-bit product (48 when it is zero), in two levels:
+    // leading zeros of a 32-bit vector (32 when it is zero), in two levels:
     // the count within each byte and, next to it, which byte holds the
-    // leading one (a few LUT levels, not a 48-deep priority chain)
-    function [5:0] lzc48;
-        input [47:0] x;
-        reg   [5:0]  nz;                       // byte k (k = 5: most significant) is not zero
+    // leading one (a few LUT levels, not a 32-deep priority chain)
+    function [5:0] lzc32;
+        input [31:0] x;
+        reg   [3:0]  nz;                       // byte k (k = 3: most significant) is not zero
         begin
-            nz = {|x[47:40], |x[39:32], |x[31:24], |x[23:16], |x[15:8], |x[7:0]};
+            nz = {|x[31:24], |x[23:16], |x[15:8], |x[7:0]};
             casez (nz)
-                6'b1?????: lzc48 = {3'd0, lzc8(x[47:40])};
-                6'b01????: lzc48 = {3'd1, lzc8(x[39:32])};
-                6'b001???: lzc48 = {3'd2, lzc8(x[31:24])};
-                6'b0001??: lzc48 = {3'd3, lzc8(x[23:16])};
-                6'b00001?: lzc48 = {3'd4, lzc8(x[15:8])};
-                6'b000001: lzc48 = {3'd5, lzc8(x[7:0])};
-                default:   lzc48 = 6'd48;
+                4'b1???: lzc32 = {3'd0, lzc8(x[31:24])};
+                4'b01??: lzc32 = {3'd1, lzc8(x[23:16])};
+                4'b001?: lzc32 = {3'd2, lzc8(x[15:8])};
+                4'b0001: lzc32 = {3'd3, lzc8(x[7:0])};
+                default: lzc32 = 6'd32;
             endcase
         end
     endfunction
@@ -153,7 +151,10 @@ module l2l_fp32_mul (
     // ------------------------------------------------------------------
     // stage 3: leading zeros, shift amount, result exponent
     // ------------------------------------------------------------------
-    wire [5:0]  lz     = lzc48(s2_p);                    // 0..47 (the product is not 0 here)
+    // With one normal operand (significand >= 2^23) the product is >= 2^23,
+    // so its leading one is in p[47:23] and 32 bits are enough to count; with
+    // two subnormal operands E <= -124 and the count is not used (right shift).
+    wire [5:0]  lz     = lzc32(s2_p[47:16]);              // 0..24 whenever it is used
     wire        e_pos  = ~s2_e[9] && (s2_e != 10'd0);       // E >= 1
     wire [9:0]  em1    = s2_e - 10'd1;                      // E - 1 (valid when E >= 1)
     wire [9:0]  e_lz   = s2_e - {4'd0, lz};                 // E - lz, next to the compare
@@ -161,8 +162,11 @@ module l2l_fp32_mul (
     wire [5:0]  shl    = !e_pos ? 6'd0 : (lim ? em1[5:0] : lz);
     wire [9:0]  rneg   = 10'd1 - s2_e;                      // 1 - E (valid when E < 1)
     wire [4:0]  shr    = e_pos ? 5'd0 : ((rneg > 10'd25) ? 5'd25 : rneg[4:0]);
-    // result exponent: E - lz when shifting left by lz, 1 at the floor or when shifting right
-    wire [9:0]  e_res  = (e_pos && !lim) ? e_lz : 10'd1;
+    // result exponent E - lz; it only matters when the shifted product keeps
+    // bit 47 (a normal result), which happens only when shifting left by lz:
+    // at the floor (shift E - 1 < lz) or on a right shift bit 47 is clear and
+    // the exponent field is 0 (subnormal)
+    wire [9:0]  e_res  = e_lz;
 
     reg         s3_v;
     reg         s3_nan, s3_inf, s3_zero, s3_sign;
@@ -196,7 +200,7 @@ module l2l_fp32_mul (
     wire        inc    = n[23] & (sticky | n[24]);
     wire [7:0]  ef     = n[47] ? s3_e[7:0] : 8'd0;          // leading bit clear: subnormal (e = 1)
     wire [30:0] mag    = {ef, n[46:24]} + {30'd0, inc};
-    wire        ovf    = (s3_e >= 10'd255) && n[47];
+    wire        ovf    = (s3_e >= 10'd255) && n[47];      // (s3_e wraps below 0 only when n[47] = 0)
 
     reg         s4_v;
     reg  [31:0] s4_y;
