@@ -75,6 +75,11 @@ class BeatSource:
     def idle(self) -> bool:
         return self.head >= len(self.queue) and not self._driving
 
+    def abort(self):
+        """Drop every beat not yet transferred and deassert tvalid now (for a reset)."""
+        self.queue, self.head, self._driving = [], 0, False
+        self.valid.value = 0
+
     async def _run(self):
         edge = RisingEdge(self.clk)
         while True:
@@ -394,6 +399,32 @@ async def reduce_flag(dut):
 
 
 @cocotb.test()
+async def reduce_reset(dut):
+    """rst in the middle of a segment (beats in flight, a non-finite value already out,
+    the output stalled) leaves nothing behind: the flag is 1 again and the next layer is exact."""
+    tb = ReduceTB(dut)
+    await tb.reset()
+    L = tb.lanes
+    rng = np.random.default_rng(11)
+    for K, cut in ((3, 0.5), (1, 0.3), (2, 0.8)):
+        case = ev.make_case("nonfinite-+inf", rng, L * tb.block * 2 + 3, K, tb.gdtype)
+        case.grad_bits[K - 1][0] = case.grad_bits[K - 1][case.meta["at"]]   # the inf early too
+        dut.k.value = K
+        dut.inv_scale.value = f32_word(case.s.inv_scale)
+        beats = tb.beats(case, tb.block)
+        tb.set_backpressure_generator(random_pause(K, 0.5))
+        tb.source.send(beats[:int(len(beats) * cut)])
+        await tb.cycles(int(len(beats) * cut) + 6)
+        tb.source.abort()
+        await tb.reset()
+        tb.sink.take()
+        tb.set_backpressure_generator(None)
+        good = ev.make_case("wide", rng, L * 5 + 1, 2, tb.gdtype)
+        finite, ref = await tb.run(good, min(4, tb.block), clear=False)
+        assert (finite, ref) == (1, True)
+
+
+@cocotb.test()
 async def reduce_throughput(dut):
     """Input always valid, output always ready, segments of BLOCK beats: input beats
     accepted per cycle (= elements per cycle per lane) >= 0.95 for K = 1, and for K = 2
@@ -566,6 +597,28 @@ async def adamw_multistep(dut):
         p, m, v = await tb.check(case, 5, g)
         p, m, v = (a.view(np.float32) for a in (p, m, v))
     assert not np.array_equal(p[:half], p0[:half]), "the realistic half did not move"
+
+
+@cocotb.test()
+async def adamw_reset(dut):
+    """rst with beats in flight and the output stalled: the next update is exact and no
+    stale beat comes out."""
+    tb = AdamwTB(dut)
+    await tb.reset()
+    L = tb.lanes
+    rng = np.random.default_rng(12)
+    case = ev.make_case("wide", rng, L * 40, 1, "fp32")
+    g = case.reduced()[0]
+    rows = {k: padded(ev.words(a), L, JUNK32) for k, a in (("g", g), ("p", case.p), ("m", case.m), ("v", case.v))}
+    tb.set_backpressure_generator(random_pause(3, 0.7))
+    tb.source.send([{"g": pack(rows["g"][b]), "p": pack(rows["p"][b]), "m": pack(rows["m"][b]),
+                     "v": pack(rows["v"][b]), "tkeep": (1 << L) - 1, "tlast": 0} for b in range(40)])
+    await tb.cycles(60)
+    tb.source.abort()
+    await tb.reset()
+    tb.sink.take()
+    tb.set_backpressure_generator(None)
+    await tb.check(ev.make_case("train", rng, L * 3 + 1, 2, "bf16"), 2)
 
 
 @cocotb.test()

@@ -11,6 +11,8 @@ and runs the cocotb tests of that top level:
   read-after-write hazard), exact.
 * reduce_flag: sticky until flag_clear, deaf to junk in lanes beyond n, hears
   inf in every lane position.
+* reduce_reset / adamw_reset: rst mid-stream (beats in flight, output stalled)
+  leaves no state behind; the next layer is exact.
 * reduce_throughput / adamw_throughput: beats per cycle >= 0.95 with the input
   always valid and the output always ready; the measured latency equals the
   module's `latency` output.
@@ -75,8 +77,8 @@ def _missing() -> str | None:
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
-REDUCE_TESTS = ["reduce_vectors", "reduce_short_segments", "reduce_flag", "reduce_throughput"]
-ADAMW_TESTS = ["adamw_vectors", "adamw_multistep", "adamw_throughput"]
+REDUCE_TESTS = ["reduce_vectors", "reduce_short_segments", "reduce_flag", "reduce_reset", "reduce_throughput"]
+ADAMW_TESTS = ["adamw_vectors", "adamw_multistep", "adamw_reset", "adamw_throughput"]
 DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
