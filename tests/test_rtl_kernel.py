@@ -96,14 +96,15 @@ def test_dma(lanes, ew, burst, depth, rate):
 
 def test_kernel_bitexact_lanes4():
     """LANES = 4, bf16 gradients, fp16 copy, 8-beat bursts and blocks: n = 1, 3 (LANES - 1),
-    31 / 33 (BURST*LANES -+ 1), K = 1, 2, 4, gradients mid-beat, 3 steps, a NaN gradient."""
+    31 / 33 (BURST*LANES -+ 1), 2001, K = 1, 2, 4, gradients mid-beat, 3 steps, a NaN gradient."""
     run_kernel("test_cases", lanes=4, gdtype="bf16", cdtype="fp16", burst=8, block=8,
                L2L_KERNEL_SEED=11, L2L_KERNEL_CASES=cases(
                    {"kind": "wide", "n": 1, "K": 4},
                    {"kind": "train", "n": 3, "K": 2, "gr_off": 1},
                    {"kind": "train", "n": 31, "K": 1, "steps": 3},
                    {"kind": "wide", "n": 33, "K": 2, "gr_off": 3},
-                   {"kind": "nonfinite-nan", "n": 9, "K": 2}))
+                   {"kind": "nonfinite-nan", "n": 9, "K": 2},
+                   {"kind": "train", "n": 2001, "K": 2, "gr_off": 2}))
 
 
 def test_kernel_bitexact_lanes1():
@@ -125,7 +126,7 @@ def test_kernel_edge_args():
 def test_kernel_throughput():
     """K = 1 update pass at >= 0.95 elements/cycle/lane in steady state (memory never pauses)."""
     run_kernel("test_throughput", lanes=1, gdtype="fp32", cdtype="fp32", burst=16, block=16,
-               L2L_KERNEL_RATE_N=256, L2L_KERNEL_RATE_K="1")
+               L2L_KERNEL_RATE_N=1024, L2L_KERNEL_RATE_K="1")
 
 
 SWEEP = [(g, c) for g in CODE for c in CODE]
@@ -166,7 +167,43 @@ def test_kernel_throughput_long(tmp_path):
     print(report.read_text())
 
 
-# ---------------------------------------------------------------- documentation
+# ---------------------------------------------------------------- documentation, kernel.xml
+
+
+def test_kernel_xml_matches_the_rtl():
+    """fpga/rtl/kernel.xml: the arguments in the register map's order and offsets, each on a
+    port the RTL has, with the data widths of the module's default parameters."""
+    import xml.etree.ElementTree as ET
+
+    from tb_eps_kernel import ARG_NAMES, BUFFERS, register_map
+
+    src = (ROOT / "fpga" / "rtl" / "l2l_eps_kernel.v").read_text()
+    default = {k: int(v) for k, v in re.findall(r"parameter\s+(\w+)\s*=\s*(\d+)\s*[,)]", src)}
+    lanes = default["LANES"]
+    gw = 32 if default["GDTYPE"] == 0 else 16
+    cw = 32 if default["CDTYPE"] == 0 else 16
+    kernel = ET.parse(ROOT / "fpga" / "rtl" / "kernel.xml").getroot().find("kernel")
+    assert kernel.get("hwControlProtocol") == "ap_ctrl_hs" and kernel.get("interrupt") == "true"
+    ports = {p.get("name"): p for p in kernel.find("ports")}
+    for name in ports:
+        assert re.search(rf"\b{name}_(awvalid|arvalid)\b", src), f"{name}: no such AXI port in the RTL"
+    assert int(ports["s_axi_control"].get("range"), 16) == 2 ** default["C_S_AXI_CONTROL_ADDR_WIDTH"]
+    widths = {"m_axi_gr": gw * lanes, "m_axi_p": 32 * lanes, "m_axi_m": 32 * lanes, "m_axi_v": 32 * lanes,
+              "m_axi_copy": cw * lanes}
+    assert {k: int(p.get("dataWidth")) for k, p in ports.items() if k != "s_axi_control"} == widths
+    args = list(kernel.find("args"))
+    assert [a.get("name") for a in args] == ARG_NAMES
+    assert [int(a.get("id")) for a in args] == list(range(len(ARG_NAMES)))
+    regs = register_map()
+    on_port = {"gr": "m_axi_gr", "p": "m_axi_p", "m": "m_axi_m", "v": "m_axi_v", "copy": "m_axi_copy",
+               "finite": "m_axi_p"}
+    for a in args:
+        name = a.get("name")
+        assert int(a.get("offset"), 16) == regs[name], name
+        assert int(a.get("size"), 16) == (8 if name in BUFFERS else 4), name
+        assert a.get("addressQualifier") == ("1" if name in BUFFERS else "0"), name
+        assert a.get("port") == on_port.get(name, "s_axi_control"), name
+
 
 
 def test_args_md_documents_the_register_map():

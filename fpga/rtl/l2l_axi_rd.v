@@ -2,7 +2,8 @@
 // AXI-Stream of LANES-element beats out, realigned to lane 0.
 //
 // What: each command names a range of `cmd_len` (>= 1) elements of EW bits
-// starting at byte address `cmd_addr` (a multiple of EW/8, otherwise free).
+// starting at byte address `cmd_addr` (a multiple of EW/8, otherwise free;
+// with REALIGN = 0 a multiple of the beat, for a smaller engine).
 // The engine reads the beat-aligned span covering the range with INCR bursts
 // of at most BURST beats that never cross a BURST-beat boundary (so never a
 // 4 KiB one: BURST * beat bytes <= 4096 is checked), and streams the range
@@ -34,7 +35,9 @@ module l2l_axi_rd #(
     parameter BURST      = 64,   // beats per burst at most, a power of two, 1 .. 256
     parameter FIFO_DEPTH = 256,  // read buffer in beats, a power of two >= BURST and >= 2
     parameter CMD_DEPTH  = 4,    // commands in flight, a power of two >= 2
-    parameter LEN_W      = 32    // bits of cmd_len
+    parameter LEN_W      = 32,   // bits of cmd_len
+    parameter REALIGN    = 1     // 1: any element address; 0: beat-aligned addresses only (the
+                                 //    low address bits are ignored, no realigning shifter is built)
 ) (
     input  wire                  clk,
     input  wire                  rst,          // synchronous, active high
@@ -80,9 +83,10 @@ module l2l_axi_rd #(
         if (LANES < 1 || LANES > 64 || (LANES & (LANES - 1)) != 0 || (EW != 16 && EW != 32) ||
             BURST < 1 || BURST > 256 || (BURST & (BURST - 1)) != 0 || BURST * BB > 4096 ||
             FIFO_DEPTH < 2 || FIFO_DEPTH < BURST || (FIFO_DEPTH & (FIFO_DEPTH - 1)) != 0 ||
-            CMD_DEPTH < 2 || (CMD_DEPTH & (CMD_DEPTH - 1)) != 0 || LEN_W < 1 || LEN_W > 48) begin
-            $error("l2l_axi_rd: illegal parameters LANES=%0d EW=%0d BURST=%0d FIFO_DEPTH=%0d CMD_DEPTH=%0d LEN_W=%0d",
-                   LANES, EW, BURST, FIFO_DEPTH, CMD_DEPTH, LEN_W);
+            CMD_DEPTH < 2 || (CMD_DEPTH & (CMD_DEPTH - 1)) != 0 || LEN_W < 1 || LEN_W > 48 ||
+            (REALIGN != 0 && REALIGN != 1)) begin
+            $error("l2l_axi_rd: illegal parameters LANES=%0d EW=%0d BURST=%0d FIFO_DEPTH=%0d CMD_DEPTH=%0d LEN_W=%0d REALIGN=%0d",
+                   LANES, EW, BURST, FIFO_DEPTH, CMD_DEPTH, LEN_W, REALIGN);
             $finish;
         end
     end
@@ -92,7 +96,7 @@ module l2l_axi_rd #(
     reg  [63:0]   ar_next;       // beat-aligned byte address of the next request
     reg  [RW-1:0] reserved;      // beats requested and not yet taken from the buffer
 
-    wire [OW-1:0] c_off   = (LL > 0) ? cmd_addr[EBL +: OW] : {OW{1'b0}};
+    wire [OW-1:0] c_off   = (LL > 0 && REALIGN != 0) ? cmd_addr[EBL +: OW] : {OW{1'b0}};
     wire [CW-1:0] c_lanes = {{(CW - OW){1'b0}}, c_off} + {1'b0, cmd_len} + (LANES - 1);
     wire [CW-1:0] c_raw   = c_lanes >> LL;                                  // beats read
     wire [CW-1:0] c_out   = ({1'b0, cmd_len} + (LANES - 1)) >> LL;          // beats streamed
@@ -186,7 +190,7 @@ module l2l_axi_rd #(
 
     wire [DW-1:0]   cur  = need_raw ? raw_data : {DW{1'b0}};
     wire [2*DW-1:0] cat  = {cur, hold} >> (ra_off * EW);
-    wire [DW-1:0]   outd = aligned ? raw_data : cat[DW-1:0];
+    wire [DW-1:0]   outd = (aligned || REALIGN == 0) ? raw_data : cat[DW-1:0];
 
     always @(posedge clk) begin
         if (rst) begin

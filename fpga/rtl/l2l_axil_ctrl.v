@@ -33,7 +33,7 @@
 `default_nettype none
 
 module l2l_axil_ctrl #(
-    parameter ADDR_W = 8     // address bits of s_axi_control, >= 7 (the map ends at 0x6C)
+    parameter ADDR_W = 12    // address bits of s_axi_control, 7 .. 32 (the map ends at 0x6C; Vitis uses 12)
 ) (
     input  wire              clk,
     input  wire              rst,          // synchronous, active high

@@ -53,7 +53,7 @@ module l2l_eps_kernel #(
     parameter BLOCK   = 64,   // beats per reducer segment (the accumulator's size)
     parameter RD_FIFO = 256,  // read buffer per port in beats (power of two >= BURST)
     parameter WR_FIFO = 128,  // write buffer per port in beats (power of two >= BURST)
-    parameter C_S_AXI_CONTROL_ADDR_WIDTH = 8,
+    parameter C_S_AXI_CONTROL_ADDR_WIDTH = 12,
     // port widths: fixed by the parameters above (kernel.xml states them)
     parameter C_M_AXI_GR_DATA_WIDTH   = ((GDTYPE == 0) ? 32 : 16) * LANES,
     parameter C_M_AXI_DATA_WIDTH      = 32 * LANES,
@@ -367,7 +367,7 @@ module l2l_eps_kernel #(
     wire                p_tvalid, m_tvalid, v_tvalid;
     wire                join_fire;
 
-    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO)) u_rd_p (
+    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_p (
         .clk(ap_clk), .rst(rst),
         .cmd_valid(rd_cmd_p), .cmd_ready(rd_rdy_p), .cmd_addr(r_p), .cmd_len(r_n),
         .m_axis_tdata(p_tdata), .m_axis_tkeep(), .m_axis_tlast(p_tlast),
@@ -378,7 +378,7 @@ module l2l_eps_kernel #(
         .m_axi_rresp(m_axi_p_rresp), .m_axi_rlast(m_axi_p_rlast), .m_axi_rvalid(m_axi_p_rvalid),
         .m_axi_rready(m_axi_p_rready));
 
-    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO)) u_rd_m (
+    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_m (
         .clk(ap_clk), .rst(rst),
         .cmd_valid(rd_cmd_m), .cmd_ready(rd_rdy_m), .cmd_addr(r_m), .cmd_len(r_n),
         .m_axis_tdata(m_tdata), .m_axis_tkeep(), .m_axis_tlast(),
@@ -389,7 +389,7 @@ module l2l_eps_kernel #(
         .m_axi_rresp(m_axi_m_rresp), .m_axi_rlast(m_axi_m_rlast), .m_axi_rvalid(m_axi_m_rvalid),
         .m_axi_rready(m_axi_m_rready));
 
-    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO)) u_rd_v (
+    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_v (
         .clk(ap_clk), .rst(rst),
         .cmd_valid(rd_cmd_v), .cmd_ready(rd_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
         .m_axis_tdata(v_tdata), .m_axis_tkeep(), .m_axis_tlast(),
