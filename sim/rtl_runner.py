@@ -13,6 +13,7 @@ a build, and a rerun with unchanged sources reuses it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -85,16 +86,19 @@ def run(
     build_args = []
     if sim == "verilator":
         build_args = ["-Wno-fatal", "--x-assign", "0", "--x-initial", "0"]
-    runner.build(
-        sources=[str(s) for s in sources],
-        includes=[str(RTL_DIR)],
-        hdl_toplevel=toplevel,
-        parameters=parameters,
-        build_dir=build_dir,
-        build_args=build_args,
-        timescale=("1ns", "1ps"),
-        waves=waves,
-    )
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".lock", "w") as lock:  # two xdist workers, one build
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runner.build(
+            sources=[str(s) for s in sources],
+            includes=[str(RTL_DIR)],
+            hdl_toplevel=toplevel,
+            parameters=parameters,
+            build_dir=build_dir,
+            build_args=build_args,
+            timescale=("1ns", "1ps"),
+            waves=waves,
+        )
     extra_env = {"PYTHONPATH": os.pathsep.join(
         [str(SIM_DIR), str(ROOT / "host"), os.environ.get("PYTHONPATH", "")])}
     extra_env.update(env or {})
