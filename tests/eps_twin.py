@@ -3,16 +3,28 @@
 A :class:`Twin` holds one layer in a fresh NumpyBackend (the golden model) and
 in the backend under test, steps both from the same state and compares p, m, v,
 the finite flag and the device copy bit for bit (NaN == NaN).
-tests/test_eps_opencl.py and tests/test_eps_hls.py use it; an RTL backend will too.
+
+:data:`UNDER_TEST` lists the backends that tests/test_eps_backends_bitexact.py
+runs every vector class of the contract through, with the layer sizes at which
+each one's kernels change path. Adding a backend there (an RTL simulation, say)
+gives it the whole suite; what only one backend has (OpenCL's program binaries,
+the HLS build cache and kernel interface) stays in tests/test_eps_opencl.py and
+tests/test_eps_hls.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
+import zlib
+from typing import Callable
 
 import numpy as np
 
-from l2l.eps import NumpyBackend, StepScalars
+from l2l.eps import EpsBackend, HlsCsimBackend, NumpyBackend, OpenCLBackend, StepScalars
+from l2l.eps import hls_csim_backend
 from l2l.eps.numerics import COPY_DTYPES
+from l2l.eps.opencl_backend import VECTOR, WORK_GROUP
 
 from test_eps_contract import (  # tests/ is on sys.path under pytest
     Oracle,
@@ -46,15 +58,27 @@ def _hex(a, i) -> str:
 
 def assert_same(got, want, what, inputs=None):
     """``got`` has ``want``'s dtype, shape and bits (NaN == NaN); on failure the inputs
-    of the first differing elements are in the message."""
+    of the first differing elements are in the message (``inputs``: a dict, or a function
+    that makes one, called only on failure).
+
+    The usual outcome, every bit equal, is decided on the raw unsigned view alone: the
+    NaN rule is evaluated only where bits differ. Same verdict as comparing widened bit
+    patterns everywhere, at a fraction of the cost on the suites' multi-million-element
+    layers."""
     got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
     assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.dtype, want.shape)
     fmt = FMT_OF[got.dtype]
-    a, e = _bits_of(got), _bits_of(want)
-    ok = (a == e) | (_is_nan_bits(a, fmt) & _is_nan_bits(e, fmt))
-    if ok.all():
+    raw = np.dtype(f"u{got.dtype.itemsize}")
+    differ = np.flatnonzero(got.view(raw) != want.view(raw))
+    if differ.size == 0:
         return
+    a, e = _bits_of(got), _bits_of(want)
+    if (_is_nan_bits(a[differ], fmt) & _is_nan_bits(e[differ], fmt)).all():
+        return
+    ok = (a == e) | (_is_nan_bits(a, fmt) & _is_nan_bits(e, fmt))
     detail = ""
+    if callable(inputs):
+        inputs = inputs()
     if inputs:
         arrays = {k: x for k, x in inputs.items() if isinstance(x, np.ndarray)}
         scal = {k: x for k, x in inputs.items() if not isinstance(x, np.ndarray)}
@@ -123,8 +147,8 @@ class Twin:
         c_ref, c_dut = sentinel(self.n, cdtype), sentinel(self.n, cdtype)
         self.ref.write_copy(self.layer, c_ref)
         self.dut.write_copy(self.layer, c_dut)
-        p = self.ref.read_state(self.layer)[0]
-        assert_same(c_dut, c_ref, f"{what}: write_copy {cdtype}", {"p": p})
+        assert_same(c_dut, c_ref, f"{what}: write_copy {cdtype}",
+                    lambda: {"p": self.ref.read_state(self.layer)[0]})  # p has not changed since
         return c_ref
 
 
@@ -165,3 +189,64 @@ def oracle_ties(p, m, v, grad_bits, gdtype, s, cdtype) -> Oracle:
     return o
 
 
+# --------------------------------------------------------------------------
+# the backends under test
+# --------------------------------------------------------------------------
+
+
+def _around(*sizes: int) -> tuple[int, ...]:
+    """One below, at and one above each size."""
+    return tuple(n + d for n in sizes for d in (-1, 0, 1))
+
+
+def _hls_tile() -> int:
+    """eps::TILE of hls/eps_kernels.cpp (elements per burst), read from the source so that the
+    edge sizes follow the kernels if the tile changes."""
+    found = re.search(r"constexpr unsigned TILE = (\d+);", hls_csim_backend.kernel_source())
+    assert found, "hls/eps_kernels.cpp no longer says `constexpr unsigned TILE = <n>;`"
+    return int(found.group(1))
+
+
+HLS_TILE = _hls_tile()
+OPENCL_GROUP = VECTOR * WORK_GROUP  # elements one work-group of float8 work-items covers
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendUnderTest:
+    """What the shared bit-exact suite needs to know about one backend besides its interface.
+
+    ``make`` builds one with default options. ``edge_sizes``: the layer sizes n of the random
+    vector test, around the sizes where the kernels change path (vector width, work-group,
+    tile), since that is where an off-by-one in a loop bound or a tail would show. A layer of
+    ``nonfinite_n`` elements gets its one non-finite gradient element at each of
+    ``nonfinite_at`` in turn: the first element, inside a later block, the last element of a
+    partial block, each a different branch of the kernels' loops."""
+
+    name: str
+    make: Callable[[], EpsBackend]
+    edge_sizes: tuple[int, ...]
+    nonfinite_n: int
+    nonfinite_at: tuple[int, int, int]
+
+
+UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
+    # OpenCL (fpga/opencl/eps.cl): work-items of VECTOR elements plus a scalar tail, WORK_GROUP
+    # of them a group. The non-finite layer needs two work-groups and a tail of 3.
+    BackendUnderTest(OpenCLBackend.name, OpenCLBackend,
+                     edge_sizes=(1, *_around(VECTOR, WORK_GROUP, OPENCL_GROUP), 3001),
+                     nonfinite_n=OPENCL_GROUP + 5 * VECTOR + 3,
+                     nonfinite_at=(0, OPENCL_GROUP + 3, OPENCL_GROUP + 5 * VECTOR + 2)),
+    # HLS (hls/eps_kernels.cpp): tiles of HLS_TILE, one burst per contribution and tile; a few
+    # small sizes too. The non-finite layer is two whole tiles and a partial one.
+    BackendUnderTest(HlsCsimBackend.name, HlsCsimBackend,
+                     edge_sizes=(1, 7, 8, 9, *_around(HLS_TILE, 2 * HLS_TILE), 3001),
+                     nonfinite_n=2 * HLS_TILE + 43,
+                     nonfinite_at=(0, HLS_TILE + 3, 2 * HLS_TILE + 42)),
+)}
+
+
+def rng_for(backend: EpsBackend, *words) -> np.random.Generator:
+    """A generator seeded by the backend's name and a test's words (its name and parameters):
+    the same vectors on every run and under any test order or worker, and other vectors for
+    each backend, so that two backends do not share the blind spots of one seed."""
+    return np.random.default_rng(zlib.crc32("-".join(str(w) for w in (backend.name, *words)).encode()))
