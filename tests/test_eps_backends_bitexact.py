@@ -571,3 +571,38 @@ def test_server_matches_numpy(backend, grad_dtype, copy_dtype, contributors):
     finally:
         ref.close()
         got.close()
+
+
+# --------------------------------------------------------------------------
+# arguments refused, degenerate layers
+# --------------------------------------------------------------------------
+
+
+def test_empty_layer(backend):
+    """n = 0: nothing to do, finite; no zero-length device buffer is ever asked for."""
+    for gdtype, cdtype in itertools.product(DTYPES, DTYPES):
+        tw = Twin(backend, np.zeros(0, np.float32))
+        tw.step([np.zeros(0, GRAD_DTYPES[gdtype])] * 2, StepScalars.compute(AdamWHyper(), 1), cdtype,
+                f"n=0 {gdtype}->{cdtype}", expect_finite=True)
+        tw.write_copy(cdtype, "n=0")
+
+
+def test_malformed_step_refused(backend):
+    """Refused with ValueError before anything is written: mixed gradient dtypes, no
+    contributions, a float64 gradient, a device copy of the wrong dtype or length or a
+    read-only one. (Contributions of the wrong length: test_bad_gradient_shape_changes_nothing.)"""
+    rng = np.random.default_rng(821)
+    n = 300
+    tw = Twin(backend, *wide_state(rng, n))
+    s = StepScalars.compute(AdamWHyper(), 1)
+    copy = sentinel(n, "fp32")
+    for grads, out in (([np.ones(n, np.float32), np.ones(n, np.float16)], copy), ([], copy),
+                       ([np.ones(n, np.float64)], copy), ([np.ones(n, np.float32)], np.zeros(n, np.float64)),
+                       ([np.ones(n, np.float32)], sentinel(n - 1, "fp32")),
+                       ([np.ones(n, np.float32)], np.broadcast_to(sentinel(1, "fp32"), (n,)))):
+        with pytest.raises(ValueError):
+            tw.dut.step(tw.layer, grads, s, out)
+    assert_same(copy, sentinel(n, "fp32"), "device copy written by a refused step")
+    tw.check_state("after refused steps")
+    tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], s, "bf16", "good step after refused ones",
+            expect_finite=True)

@@ -82,7 +82,7 @@ def markdown(head: dict, parts: dict[str, str], seconds: float) -> str:
 def run_suite(argv: list[str]) -> int:
     from .bench import run_relay_bench
     from .bench_eps import markdown as eps_markdown, run_eps_bench_result
-    from .bench_memory import markdown as memory_markdown, run_memory_bench
+    from .bench_memory import run_memory_bench
     args = _parser().parse_args(argv)
     sizes = _sizes(args.quick)
     out = ["--out", args.out]

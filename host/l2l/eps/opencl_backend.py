@@ -254,10 +254,11 @@ class OpenCLBackend(EpsBackend):
         p = np.ascontiguousarray(p, dtype=np.float32)
         n = p.shape[0]
         bufs = tuple(cl.Buffer(self.context, mf.READ_WRITE, max(4 * n, 4)) for _ in range(3))
-        cl.enqueue_copy(self.queue, bufs[0], p)
-        zeros = np.zeros(n, np.float32)
-        cl.enqueue_copy(self.queue, bufs[1], zeros)
-        cl.enqueue_copy(self.queue, bufs[2], zeros)
+        if n:
+            cl.enqueue_copy(self.queue, bufs[0], p)
+            zeros = np.zeros(n, np.float32)
+            cl.enqueue_copy(self.queue, bufs[1], zeros)
+            cl.enqueue_copy(self.queue, bufs[2], zeros)
         self.queue.finish()
         self._state[layer] = bufs
         self._numel[layer] = n
@@ -266,9 +267,10 @@ class OpenCLBackend(EpsBackend):
              copy_out: np.ndarray) -> bool:
         cl = self._cl
         n = self._numel[layer]
+        _check_step(grads, copy_out, n)  # before anything is enqueued: a refused step writes nothing
+        if n == 0:
+            return True
         gbuf, k, gdtype = self._gradients_in(grads)
-        if grads[0].shape != (n,):
-            raise ValueError(f"gradient of shape {grads[0].shape}, expected ({n},)")
         flag = np.ones(1, np.int32)
         cl.enqueue_copy(self.queue, self._flag, flag, is_blocking=False)
         g, c, s = _SUFFIX[np.dtype(gdtype)], _SUFFIX[copy_out.dtype], scalars
@@ -284,6 +286,9 @@ class OpenCLBackend(EpsBackend):
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
+        _check_copy(copy_out, n)
+        if n == 0:
+            return
         target = self._copy_target(copy_out)
         self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], target[0], np.uint32(n))
         self._copy_back(target, copy_out)
@@ -312,7 +317,7 @@ class OpenCLBackend(EpsBackend):
     def read_state(self, layer: int):
         n = self._numel[layer]
         out = tuple(np.empty(n, np.float32) for _ in range(3))
-        for host, dev in zip(out, self._state[layer]):
+        for host, dev in zip(out, self._state[layer] if n else ()):
             self._cl.enqueue_copy(self.queue, host, dev, is_blocking=False)
         self.queue.finish()
         return out
@@ -323,12 +328,35 @@ class OpenCLBackend(EpsBackend):
         for a in arrays:  # check all before writing any
             if a.shape != (n,):
                 raise ValueError(f"layer {layer}: state of shape {a.shape}, expected ({n},)")
-        for host, dev in zip(arrays, self._state[layer]):
+        for host, dev in zip(arrays, self._state[layer] if n else ()):
             self._cl.enqueue_copy(self.queue, dev, host, is_blocking=False)
         self.queue.finish()
 
     def close(self) -> None:
         self.queue.finish()
+
+
+def _check_copy(copy_out: np.ndarray, n: int) -> None:
+    if copy_out.dtype not in _SUFFIX:
+        raise ValueError(f"device copy of dtype {copy_out.dtype}; expected float32, bfloat16 or float16")
+    if copy_out.shape != (n,):
+        raise ValueError(f"device copy of shape {copy_out.shape}, expected ({n},)")
+    if not copy_out.flags.writeable:
+        raise ValueError("device copy is read-only")
+
+
+def _check_step(grads, copy_out: np.ndarray, n: int) -> None:
+    """A step's arguments, all checked before anything is written."""
+    if len(grads) == 0:
+        raise ValueError("at least one gradient contribution")
+    if len({np.dtype(g.dtype) for g in grads}) != 1:
+        raise ValueError("gradient contributions must share one dtype")
+    if np.dtype(grads[0].dtype) not in _SUFFIX:
+        raise ValueError(f"gradient of dtype {grads[0].dtype}; expected float32, bfloat16 or float16")
+    for g in grads:
+        if g.shape != (n,):
+            raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
+    _check_copy(copy_out, n)
 
 
 def _bytes_view(a: np.ndarray) -> np.ndarray:
