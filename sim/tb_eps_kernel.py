@@ -19,8 +19,9 @@ unchanged after every run (the tail of a partial last beat included).
 cocotb tests (selected by tests/test_rtl_kernel.py and tests/test_rtl_trace.py):
 
 - ``test_cases``: the cases of ``$L2L_KERNEL_CASES`` (JSON list of
-  {kind, n, K, steps, gr_off}), each a layer of n elements updated ``steps``
-  times on the same state in device memory, with random pauses on every AXI
+  {kind, n, K, steps, gr_off, then}), each a layer of n elements updated
+  ``steps`` times on the same state in device memory (steps after the first
+  draw their gradients from class ``then``, default ``kind``), with random pauses on every AXI
   channel of every RAM (``$L2L_KERNEL_PAUSE``, default 0.2).
 - ``test_edge_args``: n = 0 (flag 1, nothing else written), k = 0 (flag 0),
   and ap_ctrl_hs behaviour at the top level (ap_idle, ap_start self-clearing,
@@ -309,12 +310,13 @@ async def test_cases(dut):
         p, m, v = first.p, first.m, first.v
         tb.write_state(lay, p, m, v)
         for step in range(steps):
-            # later steps: fresh gradients and scalars of the same class on the state in memory
-            case = first if step == 0 else ev.make_case(kind, tb.nprng, n, K, tb.gdtype)
+            # later steps: fresh gradients and scalars of class "then" (default: the same) on the
+            # state in memory
+            case = first if step == 0 else ev.make_case(spec.get("then", kind), tb.nprng, n, K, tb.gdtype)
             case.p, case.m, case.v = p, m, v
             g, finite = case.reduced()
             want = case.updated(tb.cdtype, g) if finite else None
-            what = f"{kind} n={n} K={K} step {step + 1}"
+            what = f"{case.name} n={n} K={K} step {step + 1}"
             cycles = await tb.checked_update(lay, n, K, grads_of(case), case.s, finite, want, what)
             if finite:
                 p, m, v = want[0], want[1], want[2]

@@ -15,8 +15,8 @@
   several steps on the same state, gradients starting mid-beat, a non-finite
   gradient (flag 0, p/m/v/copy untouched), random AXI pauses everywhere;
   every output bit for bit against the golden model l2l.eps.numerics.
-- ``test_kernel_edge_args``: n = 0, k = 0, k > 255 write the flag only; the
-  ap_ctrl_hs bits and the interrupt at the top level.
+- ``test_kernel_fp16_and_edge_args``: n = 0, k = 0, k > 255 write the flag
+  only; the ap_ctrl_hs bits and the interrupt at the top level; fp16 gradients.
 - ``test_kernel_throughput``: memory that never pauses; the update pass must
   move >= 0.95 elements per cycle per lane in steady state (K = 1); the
   numbers (check pass, update pass, steady state, K = 1 and 2) are printed.
@@ -51,7 +51,7 @@ KERNEL_FILES = [
 ]
 
 
-def run_kernel(testcase: str, *, lanes: int, gdtype: str, cdtype: str, burst: int, block: int,
+def run_kernel(testcase: str | list[str], *, lanes: int, gdtype: str, cdtype: str, burst: int, block: int,
                rd_fifo: int | None = None, wr_fifo: int | None = None, **env) -> None:
     params = dict(LANES=lanes, GDTYPE=CODE[gdtype], CDTYPE=CODE[cdtype], BURST=burst, BLOCK=block,
                   RD_FIFO=rd_fifo or max(32, 4 * burst), WR_FIFO=wr_fifo or max(16, 2 * burst))
@@ -96,14 +96,16 @@ def test_dma(lanes, ew, burst, depth, rate):
 
 def test_kernel_bitexact_lanes4():
     """LANES = 4, bf16 gradients, fp16 copy, 8-beat bursts and blocks: n = 1, 3 (LANES - 1),
-    31 / 33 (BURST*LANES -+ 1), 2001, K = 1, 2, 4, gradients mid-beat, 3 steps, a NaN gradient."""
+    31 / 32 / 33 (BURST*LANES - 1, =, + 1), 2001, K = 1, 2, 4, gradients mid-beat, 3 steps on
+    one state, a NaN gradient (layer untouched) and then a finite step on the same layer."""
     run_kernel("test_cases", lanes=4, gdtype="bf16", cdtype="fp16", burst=8, block=8,
                L2L_KERNEL_SEED=11, L2L_KERNEL_CASES=cases(
                    {"kind": "wide", "n": 1, "K": 4},
                    {"kind": "train", "n": 3, "K": 2, "gr_off": 1},
                    {"kind": "train", "n": 31, "K": 1, "steps": 3},
                    {"kind": "wide", "n": 33, "K": 2, "gr_off": 3},
-                   {"kind": "nonfinite-nan", "n": 9, "K": 2},
+                   {"kind": "nonfinite-nan", "n": 9, "K": 2, "steps": 2, "then": "train"},
+                   {"kind": "train", "n": 32, "K": 4},
                    {"kind": "train", "n": 2001, "K": 2, "gr_off": 2}))
 
 
@@ -115,12 +117,21 @@ def test_kernel_bitexact_lanes1():
                    {"kind": "ties-reduction", "n": 5, "K": 4},
                    {"kind": "specials-default-t1", "n": 9, "K": 1, "steps": 2},
                    {"kind": "train", "n": 17, "K": 2},
+                   {"kind": "wide", "n": 16, "K": 2},
                    {"kind": "nonfinite-inf-inf", "n": 3, "K": 2}))
 
 
-def test_kernel_edge_args():
-    run_kernel("test_edge_args", lanes=2, gdtype="fp16", cdtype="fp32", burst=4, block=4,
-               L2L_KERNEL_SEED=13)
+def test_kernel_fp16_and_edge_args():
+    """LANES = 2, fp16 gradients, fp32 copy: n = 0 / k = 0 / k = 256 write the flag only, the
+    ap_ctrl_hs bits at the top level; then layers of n = 2, 7, 8, 9 (K = 1, 2, 4) and an
+    overflowing scaled gradient (flag 0)."""
+    run_kernel(["test_edge_args", "test_cases"], lanes=2, gdtype="fp16", cdtype="fp32", burst=4,
+               block=4, L2L_KERNEL_SEED=13, L2L_KERNEL_CASES=cases(
+                   {"kind": "train", "n": 2, "K": 1},
+                   {"kind": "wide", "n": 7, "K": 4, "gr_off": 1},
+                   {"kind": "train", "n": 8, "K": 2, "steps": 2},
+                   {"kind": "specials-zero-eps", "n": 9, "K": 1},
+                   {"kind": "nonfinite-scale-overflow", "n": 6, "K": 2}))
 
 
 def test_kernel_throughput():

@@ -11,8 +11,8 @@ update the state in device memory must equal the recorded input state, and
 after it the flag, p', m', v' and the copy must equal the recorded outputs bit
 for bit. So the RTL reproduces the run, not just single updates.
 
-Default: fp32, one contributor, 2 steps of a d_model = 4 model (6 updates,
-4664 elements). Slow: fp16 and bf16 mixed precision with two data-parallel
+Default: fp32, one contributor, 3 steps of a d_model = 4 model (9 updates,
+6996 elements). Slow: fp16 and bf16 mixed precision with two data-parallel
 contributors (K = 2) on a d_model = 4 model.
 """
 from __future__ import annotations
@@ -77,8 +77,8 @@ def _replay(tmp_path, *, precision: str, contributors: int, steps: int, d_model:
 
 @needs_sim
 def test_trace_replay_fp32(tmp_path):
-    """fp32, K = 1: 2 steps of a d_model = 4 GPT (embedding 1056, block 244, head 1032 elements)."""
-    _replay(tmp_path, precision="fp32", contributors=1, steps=2, d_model=4, seq_len=8,
+    """fp32, K = 1: 3 steps of a d_model = 4 GPT (embedding 1056, block 244, head 1032 elements)."""
+    _replay(tmp_path, precision="fp32", contributors=1, steps=3, d_model=4, seq_len=8,
             lanes=4, burst=16, block=16)
 
 
