@@ -69,15 +69,26 @@ module l2l_axi_rd #(
     output wire                  m_axi_rready
 );
 
+    function integer clog2;     // ceil(log2(x)), a constant function (Verilog-2001)
+        input integer x;
+        integer r;
+        begin
+            r = 0;
+            while ((1 << r) < x)
+                r = r + 1;
+            clog2 = r;
+        end
+    endfunction
+
     localparam DW   = EW * LANES;             // bits per beat
     localparam BB   = DW / 8;                 // bytes per beat
-    localparam BBL  = $clog2(BB);
-    localparam EBL  = $clog2(EW / 8);         // log2 bytes per element
-    localparam LL   = $clog2(LANES);          // log2 lanes (0 for one lane)
+    localparam BBL  = clog2(BB);
+    localparam EBL  = clog2(EW / 8);         // log2 bytes per element
+    localparam LL   = clog2(LANES);          // log2 lanes (0 for one lane)
     localparam OW   = (LL > 0) ? LL : 1;      // width of a lane offset
-    localparam BL   = $clog2(BURST);
+    localparam BL   = clog2(BURST);
     localparam CW   = LEN_W + 1;              // beat counts: up to ceil((LANES-1 + 2^LEN_W - 1) / LANES)
-    localparam RW   = $clog2(FIFO_DEPTH) + 1; // reserved-beat counter, 0 .. FIFO_DEPTH
+    localparam RW   = clog2(FIFO_DEPTH) + 1; // reserved-beat counter, 0 .. FIFO_DEPTH
 
     initial begin
         if (LANES < 1 || LANES > 64 || (LANES & (LANES - 1)) != 0 || (EW != 16 && EW != 32) ||
@@ -113,7 +124,7 @@ module l2l_axi_rd #(
     assign cmd_ready = (ar_left == 0) && q_s_ready;
     wire   cmd_take  = cmd_valid && cmd_ready;
 
-    l2l_fifo #(.WIDTH(QW), .DEPTH(CMD_DEPTH)) u_cmdq (
+    l2l_fifo #(.WIDTH(QW), .AW(clog2(CMD_DEPTH))) u_cmdq (
         .clk(clk), .rst(rst),
         .s_valid(cmd_take), .s_ready(q_s_ready), .s_data({c_off, c_out, c_raw, c_keep}),
         .m_valid(q_m_valid), .m_ready(q_m_ready), .m_data(q_m_data), .count());
@@ -160,7 +171,7 @@ module l2l_axi_rd #(
     wire          raw_valid;
     wire [DW-1:0] raw_data;
 
-    l2l_fifo #(.WIDTH(DW), .DEPTH(FIFO_DEPTH)) u_buf (
+    l2l_fifo #(.WIDTH(DW), .AW(clog2(FIFO_DEPTH))) u_buf (
         .clk(clk), .rst(rst),
         .s_valid(m_axi_rvalid), .s_ready(m_axi_rready), .s_data(m_axi_rdata),
         .m_valid(raw_valid), .m_ready(pop), .m_data(raw_data), .count());

@@ -58,14 +58,25 @@ module l2l_axi_wr #(
     output wire                  m_axi_bready
 );
 
+    function integer clog2;     // ceil(log2(x)), a constant function (Verilog-2001)
+        input integer x;
+        integer r;
+        begin
+            r = 0;
+            while ((1 << r) < x)
+                r = r + 1;
+            clog2 = r;
+        end
+    endfunction
+
     localparam DW  = EW * LANES;
     localparam BB  = DW / 8;
     localparam EB  = EW / 8;
-    localparam BBL = $clog2(BB);
-    localparam LL  = $clog2(LANES);
-    localparam BL  = $clog2(BURST);
+    localparam BBL = clog2(BB);
+    localparam LL  = clog2(LANES);
+    localparam BL  = clog2(BURST);
     localparam CW  = LEN_W + 1;
-    localparam FW  = $clog2(FIFO_DEPTH) + 1;   // FIFO count width: 0 .. FIFO_DEPTH + 1
+    localparam FW  = clog2(FIFO_DEPTH) + 1;   // FIFO count width: 0 .. FIFO_DEPTH + 1
 
     initial begin
         if (LANES < 1 || LANES > 64 || (LANES & (LANES - 1)) != 0 || (EW != 16 && EW != 32) ||
@@ -92,7 +103,7 @@ module l2l_axi_wr #(
     wire [DW+BB-1:0] d_data;
     wire [FW-1:0] d_count;
 
-    l2l_fifo #(.WIDTH(DW + BB), .DEPTH(FIFO_DEPTH)) u_buf (
+    l2l_fifo #(.WIDTH(DW + BB), .AW(clog2(FIFO_DEPTH))) u_buf (
         .clk(clk), .rst(rst),
         .s_valid(s_axis_tvalid), .s_ready(s_axis_tready), .s_data({strb, s_axis_tdata}),
         .m_valid(d_valid), .m_ready(d_ready), .m_data(d_data), .count(d_count));
@@ -153,7 +164,7 @@ module l2l_axi_wr #(
         end
     end
 
-    l2l_fifo #(.WIDTH(9), .DEPTH(4)) u_lenq (
+    l2l_fifo #(.WIDTH(9), .AW(2)) u_lenq (
         .clk(clk), .rst(rst),
         .s_valid(aw_issue), .s_ready(lq_s_ready), .s_data(blen[8:0]),
         .m_valid(lq_valid), .m_ready(lq_ready), .m_data(lq_data), .count());

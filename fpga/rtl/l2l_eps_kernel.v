@@ -238,12 +238,23 @@ module l2l_eps_kernel #(
     output wire        m_axi_copy_rready
 );
 
+    function integer clog2;     // ceil(log2(x)), a constant function (Verilog-2001)
+        input integer x;
+        integer r;
+        begin
+            r = 0;
+            while ((1 << r) < x)
+                r = r + 1;
+            clog2 = r;
+        end
+    endfunction
+
     localparam GW   = (GDTYPE == 0) ? 32 : 16;    // gradient element bits
     localparam CW   = (CDTYPE == 0) ? 32 : 16;    // copy element bits
     localparam GEBL = (GDTYPE == 0) ? 2 : 1;      // log2 gradient element bytes
     localparam DW   = 32 * LANES;
     localparam BB   = DW / 8;                     // p/m/v beat bytes
-    localparam BBL  = $clog2(BB);
+    localparam BBL  = clog2(BB);
     localparam SEG  = BLOCK * LANES;              // elements per reducer segment
 
     initial begin
@@ -590,7 +601,7 @@ module l2l_eps_kernel #(
                     r_decay <= a_decay; r_b1 <= a_b1; r_omb1 <= a_omb1; r_b2 <= a_b2; r_omb2 <= a_omb2;
                     r_inv_bc2_sqrt <= a_inv_bc2_sqrt; r_eps <= a_eps; r_neg_step <= a_neg_step;
                     r_inv_scale <= a_inv_scale;
-                    chk_left <= (a_n >> $clog2(LANES)) + ((a_n & (LANES - 1)) != 0);
+                    chk_left <= (a_n >> clog2(LANES)) + ((a_n & (LANES - 1)) != 0);
                     if (k_ok && a_n != 0) begin
                         flag_clear <= 1'b1;
                         gen_start  <= 1'b1;

@@ -2,7 +2,7 @@
 // port, for the AXI DMA engines of the EPS kernel.
 //
 // What: s_* writes one WIDTH-bit item per clock while s_ready; m_* offers the
-// oldest item (m_valid/m_data) until m_ready takes it. Up to DEPTH items sit
+// oldest item (m_valid/m_data) until m_ready takes it. Up to DEPTH = 2**AW items sit
 // in the memory and one more in the output register, so `count` (items
 // inside, output register included) goes up to DEPTH + 1. An item written on
 // an edge appears on m_* two edges later. Both ports run at one item per
@@ -18,7 +18,7 @@
 
 module l2l_fifo #(
     parameter WIDTH = 32,   // bits per item, >= 1
-    parameter DEPTH = 16    // items in the memory, a power of two >= 2
+    parameter AW    = 4     // address bits, >= 1: the memory holds DEPTH = 2**AW items
 ) (
     input  wire             clk,
     input  wire             rst,        // synchronous, active high: empties the FIFO
@@ -28,15 +28,14 @@ module l2l_fifo #(
     output wire             m_valid,
     input  wire             m_ready,
     output wire [WIDTH-1:0] m_data,
-    output wire [$clog2(DEPTH):0] count // items inside, 0 .. DEPTH + 1
+    output wire [AW:0]      count       // items inside, 0 .. DEPTH + 1
 );
 
-    localparam AW = $clog2(DEPTH);
+    localparam DEPTH = 1 << AW;
 
     initial begin
-        if (WIDTH < 1 || DEPTH < 2 || (DEPTH & (DEPTH - 1)) != 0) begin
-            $error("l2l_fifo: illegal parameters WIDTH=%0d DEPTH=%0d (DEPTH: a power of two >= 2)",
-                   WIDTH, DEPTH);
+        if (WIDTH < 1 || AW < 1 || AW > 20) begin
+            $error("l2l_fifo: illegal parameters WIDTH=%0d AW=%0d (1 .. 20)", WIDTH, AW);
             $finish;
         end
     end
