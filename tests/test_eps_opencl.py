@@ -84,3 +84,33 @@ def test_bad_binary_garbage_file(tmp_path, content):
     path = tmp_path / "garbage.bin"
     path.write_bytes(content)
     _assert_one_line_user_error(path, f"garbage file {content[:8]!r}")
+
+
+# --------------------------------------------------------------------------
+# the check kernel's spans
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launch", ["ndrange", "task"])
+def test_check_spans_find_every_position(launch):
+    """eps_check walks CHECK_SPAN vectors per work-item and stores its verdict once: an inf or
+    a NaN on either side of every span boundary, in the last full vector and in the n % 8
+    tail still clears the flag, and the layer is left as it was."""
+    from l2l.eps.opencl_backend import CHECK_SPAN, VECTOR
+    span = CHECK_SPAN * VECTOR
+    n = 3 * span + 5
+    be = OpenCLBackend(launch=launch)
+    try:
+        rng = np.random.default_rng(77)
+        p, m, v = wide_state(rng, n)
+        s = StepScalars.compute(AdamWHyper(), 1)
+        positions = [0, span - 1, span, 2 * span - 1, 2 * span, 3 * span - 1, 3 * span, n - 1]
+        for i, bad in zip(positions, itertools.cycle([np.inf, np.nan, -np.inf])):
+            tw = Twin(be, p, m, v)
+            g = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+            g[i] = bad
+            tw.step([g], s, "fp32", f"{bad} at {i} of {n}", expect_finite=False)
+            tw.check_state(f"after {bad} at {i}")
+        tw.step([np.ones(n, np.float32)], s, "fp32", "finite layer", expect_finite=True)
+    finally:
+        be.close()

@@ -34,6 +34,7 @@ INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl
                 "or 'pip install pocl-binary-distribution'")
 WORK_GROUP = 256  # 64, 256 and 1024 measured alike on PoCL; 256 suits GPUs too
 VECTOR = 8  # elements per work-item (VW in eps.cl)
+CHECK_SPAN = 64  # vectors per work-item of eps_check (CHECK_SPAN in eps.cl)
 KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
 
 _PROBE = """
@@ -219,11 +220,13 @@ class OpenCLBackend(EpsBackend):
         info = self._cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE
         return tuple(kernel.get_work_group_info(info, self.device)) == (1, 1, 1)
 
-    def _launch(self, name: str, n: int, *args):
+    def _launch(self, name: str, n: int, *args, span: int = 1):
+        """Run ``name`` over ``n`` elements: a task, or an NDRange of one work-item per
+        ``span`` vectors (the kernels grid-stride, so any size gives the same bits)."""
         kernel = self._kernel(name)
         if self._task[name]:  # one work-item walks every vector (the kernels stride by the global size)
             return kernel(self.queue, (1,), (1,), *args)
-        items = n // VECTOR + 1
+        items = n // VECTOR // span + 1
         global_size = ((items + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
         return kernel(self.queue, (global_size,), (WORK_GROUP,), *args)
 
@@ -274,7 +277,8 @@ class OpenCLBackend(EpsBackend):
         flag = np.ones(1, np.int32)
         cl.enqueue_copy(self.queue, self._flag, flag, is_blocking=False)
         g, c, s = _SUFFIX[np.dtype(gdtype)], _SUFFIX[copy_out.dtype], scalars
-        self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale)
+        self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale,
+                     span=CHECK_SPAN)
         target = self._copy_target(copy_out)
         p, m, v = self._state[layer]
         self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n), np.uint32(k),
