@@ -42,7 +42,7 @@ def headline(eps: dict, relay: list[dict], memory: dict) -> dict:
     at_m4 = [r for r in relay if r["micro_batches"] >= 4]
     errors = [abs(r["prediction_error"]) for r in relay if "prediction_error" in r]
     return {
-        "eps_opencl_roofline_fraction": opencl.get("roofline_fraction"),
+        "eps_opencl_roofline_fraction": opencl.get("roofline_fraction_same_round"),
         "eps_opencl_vs_torch_fused": opencl.get("vs_torch_fused"),
         "l2l_vs_plain_ckpt_worst_at_m4_plus": max((r["ratio_vs_plain_ckpt"] for r in at_m4), default=None),
         "l2l_vs_plain_ckpt_best_at_m4_plus": min((r["ratio_vs_plain_ckpt"] for r in at_m4), default=None),
@@ -62,7 +62,7 @@ def markdown(head: dict, parts: dict[str, str], seconds: float) -> str:
     lines = [
         f"# l2l performance suite ({seconds / 60:.1f} min)", "",
         "| figure | value |", "|---|---:|",
-        f"| OpenCL EPS, share of the memory roofline | {_fmt(head['eps_opencl_roofline_fraction'], '.0%')} |",
+        f"| OpenCL EPS, share of the memory roofline (same round) | {_fmt(head['eps_opencl_roofline_fraction'], '.0%')} |",
         f"| OpenCL EPS vs torch fused AdamW (+ reduce + cast) | {_fmt(head['eps_opencl_vs_torch_fused'], '.2f')}x |",
         f"| l2l / plain+ckpt at M >= 4, best .. worst | {_fmt(head['l2l_vs_plain_ckpt_best_at_m4_plus'], '.3f')} .. "
         f"{_fmt(head['l2l_vs_plain_ckpt_worst_at_m4_plus'], '.3f')} |",
