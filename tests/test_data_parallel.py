@@ -36,7 +36,7 @@ def _losses(corpus, cfg: TrainConfig, steps: int = 4):
         engine.close()
 
 
-@pytest.mark.parametrize("eps", ["numpy", "opencl"])
+@pytest.mark.parametrize("eps", ["numpy", "opencl", "hls-csim"])
 def test_two_devices_match_one(corpus, eps):
     """--devices 2 on the same global batch: per-step losses within 1e-6 relative (dropout on:
     each global micro-batch keeps its seed whichever worker runs it)."""
@@ -130,3 +130,23 @@ def test_bench_workers_reports_each_worker_count(tmp_path):
     rows = json.loads((tmp_path / "bench_workers.json").read_text())["rows"]
     assert [row["workers"] for row in rows] == [1, 2]
     assert rows[0]["speedup"] == 1.0 and all(0 <= row["eps_busy_share"] < 1 for row in rows)
+
+
+def test_checkpoint_of_two_machines_resumes_in_one_process(tmp_path):
+    """Rank 0 writes the global state, so a run started on two machines continues on one:
+    the resumed steps match the same run done in one process throughout, within 1e-6."""
+    out, ref = tmp_path / "run", tmp_path / "ref"
+    args = [*TINY, "--no-progress", "--save-every", "3"]
+    port = _free_port()
+    ranks = [_rank(r, port, [*args, "--steps", "3", "--schedule-steps", "6", "--out", str(out)]) for r in (0, 1)]
+    for p in ranks:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    r = run_cli("train", *args, "--steps", "6", "--out", str(out), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert run_cli("train", *args, "--steps", "6", "--out", str(ref)).returncode == 0
+    got = [m["loss"] for m in read_metrics(out / "metrics.jsonl")]
+    want = [m["loss"] for m in read_metrics(ref / "metrics.jsonl")]
+    assert len(got) == len(want) == 6
+    for a, b in zip(got, want):
+        assert abs(a - b) <= 1e-6 * abs(b), (got, want)
