@@ -67,39 +67,7 @@ module l2l_fp32_add (
         end
     end
 
-    // leading zeros of a nonzero byte (0..7; a zero byte is never asked)
-    function [2:0] lzc8;
-        input [7:0] x;
-        casez (x)
-            8'b1???????: lzc8 = 3'd0;
-            8'b01??????: lzc8 = 3'd1;
-            8'b001?????: lzc8 = 3'd2;
-            8'b0001????: lzc8 = 3'd3;
-            8'b00001???: lzc8 = 3'd4;
-            8'b000001??: lzc8 = 3'd5;
-            8'b0000001?: lzc8 = 3'd6;
-            8'b00000001: lzc8 = 3'd7;
-            default:     lzc8 = 3'd7;
-        endcase
-    endfunction
-
-    // leading zeros of a 32-bit vector (32 when it is zero), in two levels:
-    // the count within each byte and, next to it, which byte holds the
-    // leading one (a few LUT levels, not a 32-deep priority chain)
-    function [5:0] lzc32;
-        input [31:0] x;
-        reg   [3:0]  nz;                       // byte k (k = 3: most significant) is not zero
-        begin
-            nz = {|x[31:24], |x[23:16], |x[15:8], |x[7:0]};
-            casez (nz)
-                4'b1???: lzc32 = {3'd0, lzc8(x[31:24])};
-                4'b01??: lzc32 = {3'd1, lzc8(x[23:16])};
-                4'b001?: lzc32 = {3'd2, lzc8(x[15:8])};
-                4'b0001: lzc32 = {3'd3, lzc8(x[7:0])};
-                default: lzc32 = 6'd32;
-            endcase
-        end
-    endfunction
+    `include "l2l_lzc.vh"
 
     // ------------------------------------------------------------------
     // stage 1: classify, compare magnitudes, swap, exponent difference

@@ -65,42 +65,7 @@ module l2l_fp32_div (
         end
     end
 
-    // leading zeros of a 24-bit significand (24 when it is zero), as a
-    // log-depth tree: the count of each 2^k-bit group is either the count of
-    // its upper half or 2^(k-1) plus the count of its lower half. A 1 padded
-    // in below the significand bounds the count at 24.
-    function [4:0] lzc24;
-        input [23:0] m;
-        reg [31:0] x;
-        reg [15:0] v1, p1;      // 16 groups of 2 bits: any one, count (1 bit)
-        reg [7:0]  v2;
-        reg [15:0] p2;          // 8 groups of 4: 2-bit counts
-        reg [3:0]  v3;
-        reg [11:0] p3;          // 4 groups of 8: 3-bit counts
-        reg [1:0]  v4;
-        reg [7:0]  p4;          // 2 groups of 16: 4-bit counts
-        integer g;
-        begin
-            x = {m, 1'b1, 7'd0};
-            for (g = 0; g < 16; g = g + 1) begin
-                v1[g] = x[2*g+1] | x[2*g];
-                p1[g] = ~x[2*g+1];
-            end
-            for (g = 0; g < 8; g = g + 1) begin
-                v2[g]        = v1[2*g+1] | v1[2*g];
-                p2[2*g +: 2] = v1[2*g+1] ? {1'b0, p1[2*g+1]} : {1'b1, p1[2*g]};
-            end
-            for (g = 0; g < 4; g = g + 1) begin
-                v3[g]        = v2[2*g+1] | v2[2*g];
-                p3[3*g +: 3] = v2[2*g+1] ? {1'b0, p2[2*(2*g+1) +: 2]} : {1'b1, p2[2*(2*g) +: 2]};
-            end
-            for (g = 0; g < 2; g = g + 1) begin
-                v4[g]        = v3[2*g+1] | v3[2*g];
-                p4[4*g +: 4] = v3[2*g+1] ? {1'b0, p3[3*(2*g+1) +: 3]} : {1'b1, p3[3*(2*g) +: 3]};
-            end
-            lzc24 = v4[1] ? {1'b0, p4[7:4]} : {1'b1, p4[3:0]};
-        end
-    endfunction
+    `include "l2l_lzc.vh"
 
     // ------------------------------------------------------------------
     // stage 1: classify, leading zeros
