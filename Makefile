@@ -78,4 +78,4 @@ bench: setup
 	$(BIN)/l2l bench relay $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache sim/build
