@@ -22,10 +22,10 @@ from .train import build_engine, resolve_device
 
 
 def _peak(cfg: TrainConfig, device: torch.device) -> tuple[int, int]:
-    from .planner import _synthetic_batch
+    from .planner import synthetic_batch
     engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
     try:
-        batch = _synthetic_batch(cfg)
+        batch = synthetic_batch(cfg)
         engine.train_step(batch, 0)  # the first step allocates what later steps reuse
         result = engine.train_step(batch, 1)
         return result.device_peak_bytes, result.device_weight_peak_bytes

@@ -10,55 +10,36 @@ well K workers fill them; on a GPU box each worker has its own device.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from .config import TrainConfig
-from .models import build_stack
-from .train import build_engine, resolve_device
+from .train import resolve_device
 
 
 def run(args) -> list[dict]:
-    from .planner import _synthetic_batch
+    from .bench import _time_engines
+    from .data import BatchSampler, load_corpus
+    from .models import family
     device = resolve_device(args.device)
     base = TrainConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq_len=args.seq_len,
                        batch_size=args.batch_size, micro_batches=args.micro_batches, eps=args.eps,
                        device=device.type, progress=False)
-    engines = {k: build_engine(replace(base, devices=k).check(), build_stack(base.model_config(), 0), device)
-               for k in args.workers}
-    batch = _synthetic_batch(base)
-    times = {k: [] for k in engines}
-    busy = {k: [] for k in engines}
-    waits = {k: [] for k in engines}
-    try:
-        for step in range(args.warmup + args.steps):
-            for k, engine in engines.items():
-                eps = engine.eps
-                before = eps.update_seconds
-                t0 = time.perf_counter()
-                result = engine.train_step(batch, step)
-                eps.synchronize()
-                dt = time.perf_counter() - t0
-                if step >= args.warmup:
-                    times[k].append(dt)
-                    busy[k].append((eps.update_seconds - before) / dt)
-                    waits[k].append(result.eps_wait_s / dt)
-    finally:
-        for engine in engines.values():
-            engine.close()
-    one = statistics.median(times[args.workers[0]])
+    sampler = BatchSampler(load_corpus(None).train, base.seq_len, base.batch_size,
+                           family(base.model).objective, seed=0)
+    timed = _time_engines({k: replace(base, devices=k).check() for k in args.workers}, sampler,
+                          args.steps, args.warmup)
+    one = timed[args.workers[0]]["step_s"]
     rows = []
-    for k in engines:
-        t = statistics.median(times[k])
+    for k, r in timed.items():
+        t = r["step_s"]
         rows.append({"workers": k, "step_s": t, "tokens_per_s": base.batch_size * base.seq_len / t,
-                     "speedup": one / t, "eps_busy_share": statistics.median(busy[k]),
-                     "eps_wait_share": statistics.median(waits[k])})
+                     "speedup": one / t, "eps_busy_share": r["eps_busy_share"],
+                     "eps_wait_share": r["eps_wait_share"]})
         print(f"K={k}: {t:.3f} s/step, {rows[-1]['tokens_per_s']:,.0f} tok/s, x{one / t:.2f}, "
-              f"EPS busy {rows[-1]['eps_busy_share']:.1%}, waited {rows[-1]['eps_wait_share']:.1%}", flush=True)
+              f"EPS busy {r['eps_busy_share']:.1%}, waited {r['eps_wait_share']:.1%}", flush=True)
     return rows
 
 

@@ -618,7 +618,8 @@ def measure_eps(name: str = "numpy", numel: int = 4 << 20, repeats: int = 3, **o
         backend.close()
 
 
-def _synthetic_batch(cfg: TrainConfig, seed: int = 0):
+def synthetic_batch(cfg: TrainConfig, seed: int = 0):
+    """A batch of random byte tokens in ``cfg``'s shape, for timing (no corpus needed)."""
     from .data import Batch
     from .models.config import BYTE_VOCAB
     g = torch.Generator().manual_seed(seed)
@@ -646,7 +647,7 @@ def time_relay_steps(cfgs: Sequence[TrainConfig], device: torch.device | str = "
     try:
         for c in cfgs:
             engines.append(build_engine(c, build_stack(c.model_config(), c.seed), device))
-        batches = [_synthetic_batch(c) for c in cfgs]
+        batches = [synthetic_batch(c) for c in cfgs]
         times: list[list[float]] = [[] for _ in cfgs]
         for step in range(warmup + steps):
             for k, engine in enumerate(engines):

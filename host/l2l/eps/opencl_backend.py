@@ -233,12 +233,7 @@ class OpenCLBackend(EpsBackend):
     def _gradients_in(self, grads) -> tuple[object, int, np.dtype]:
         """The K contributions as one device buffer, back to back; (buffer, k, dtype)."""
         cl = self._cl
-        if isinstance(grads, np.ndarray) and grads.ndim == 2:
-            block = grads
-        else:
-            block = None
-            if len({(g.dtype, g.shape) for g in grads}) != 1:
-                raise ValueError("gradient contributions must share one dtype and shape")
+        block = grads if isinstance(grads, np.ndarray) and grads.ndim == 2 else None  # checked by _check_step
         k = len(grads)
         dtype = grads[0].dtype
         if block is not None and block.flags.c_contiguous and self._zero_copy:
