@@ -17,6 +17,7 @@ import pytest
 
 from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack
+from l2l.relay import recompute
 from l2l.relay.engine import RelayEngine
 from l2l.relay.transport import ThreadedTransport
 
@@ -48,10 +49,22 @@ def test_threaded_pipeline_changes_no_bit(corpus, stash):
         piped.close()
 
 
-def _compute_intervals(engine) -> list[tuple[float, float]]:
-    """(start, end) of every layer call on the compute thread, through module hooks."""
+def _compute_intervals(engine, monkeypatch) -> list[tuple[float, float]]:
+    """(start, end) of every layer call on the compute thread, through module hooks,
+    and of every recompute-and-backward (whose recompute stops early, so its module
+    call never returns to a forward hook)."""
     spans, starts = [], {}
     main = threading.get_ident()
+    replay = recompute.Recording.backward
+
+    def timed_replay(self, *args):
+        t0 = time.perf_counter()
+        try:
+            return replay(self, *args)
+        finally:
+            spans.append((t0, time.perf_counter()))
+
+    monkeypatch.setattr(recompute.Recording, "backward", timed_replay)
 
     def pre(module, args):
         if threading.get_ident() == main:
@@ -67,13 +80,13 @@ def _compute_intervals(engine) -> list[tuple[float, float]]:
     return spans
 
 
-def test_copies_overlap_compute(corpus):
+def test_copies_overlap_compute(corpus, monkeypatch):
     """With a slow link (1 ms per copy) every kind of copy runs while a layer computes."""
     cfg = ModelConfig(layers=4, d_model=128, heads=2, seq_len=64, dropout=0.0)
     trace: list = []
     engine = _engine(cfg, micro_batches=4, stash="host",
                      transport=ThreadedTransport(CPU, copy_delay_s=0.001, trace=trace))
-    spans = _compute_intervals(engine)
+    spans = _compute_intervals(engine, monkeypatch)
     sampler = sampler_for(corpus, cfg, batch_size=16)
     try:
         engine.train_step(sampler.batch(0), 0)

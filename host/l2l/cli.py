@@ -49,6 +49,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--check-every", type=int, default=d.check_every,
                    help="under torchrun: steps between checks that every machine holds the same master weights")
     p.add_argument("--checkpointing", action="store_true", help="plain engine: recompute blocks in backward")
+    p.add_argument("--accumulate", action="store_true",
+                   help="plain engine: run the batch as --micro-batches micro-batches, accumulating gradients "
+                        "(default: the whole batch at once)")
     p.add_argument("--stash", default=d.stash, help=f"{' | '.join(STASH)}: where stashed activations wait")
     p.add_argument("--precision", default=d.precision,
                    help="fp32 | bf16 | fp16: what the device computes in (fp16 with dynamic loss scaling)")

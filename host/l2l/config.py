@@ -52,6 +52,7 @@ class TrainConfig:
     devices: int = 1  # relay workers in this box (GPUs, or CPU workers), one EPS contribution each
     check_every: int = 50  # steps between master-weight checksums across machines (torchrun)
     checkpointing: bool = False
+    accumulate: bool = False  # plain engine: run the batch as --micro-batches micro-batches
     stash: str = "device"
     precision: str = "fp32"  # what the device computes in; the EPS keeps fp32 masters either way
     overflow: str = "eager"  # eager: per-layer skip on overflow; strict: whole step, GradScaler-exact
@@ -152,6 +153,8 @@ class TrainConfig:
         from .forecast import PLAN_MODES
         need(self.plan is None or self.plan in PLAN_MODES,
              f"unknown --plan {self.plan!r}; choose one of {', '.join(PLAN_MODES)}")
+        need(not (self.accumulate and self.engine == "l2l"),
+             "--accumulate applies to --engine plain (the relay always runs --micro-batches micro-batches)")
         need(not (self.checkpointing and self.engine == "l2l"),
              "--checkpointing applies to --engine plain (the relay always recomputes)")
         return self

@@ -1,7 +1,9 @@
 """The baseline: the same layer stack trained in memory with torch.optim.AdamW.
 
 Every weight lives on the device for the whole step and the full batch runs
-at once; ``checkpointing=True`` recomputes each block in backward
+at once (or, with ``micro_batches`` M > 1, as M micro-batches whose gradients
+accumulate: the same micro-batch size as the relay's, for a like-for-like
+speed comparison); ``checkpointing=True`` recomputes each block in backward
 (``torch.utils.checkpoint``), the same recompute the relay pays. This is the
 yardstick for the relay's correctness and speed.
 
@@ -33,8 +35,10 @@ class PlainEngine:
 
     def __init__(self, stack: LayerStack, hyper: AdamWHyper, device: torch.device, *,
                  checkpointing: bool = False, precision: str = "fp32",
-                 clip_grad_norm: float | None = None, loss_scale: float | None = None) -> None:
+                 clip_grad_norm: float | None = None, loss_scale: float | None = None,
+                 micro_batches: int = 1) -> None:
         self.stack = stack
+        self.micro_batches = micro_batches
         self.device = device
         self.checkpointing = checkpointing
         self.compute_dtype = COMPUTE_DTYPES[precision]
@@ -73,14 +77,15 @@ class PlainEngine:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = self._loss_sum(batch)
-        loss = loss_sum / batch.num_targets
         scale = self.scaler.get_scale() if self.scaler else 1.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for mb in batch.split(self.micro_batches):  # gradients accumulate over micro-batches
+            part = self._loss_sum(mb)
+            loss = part / batch.num_targets
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            loss_sum += part.detach()
         if self.scaler:
-            self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.optimizer)
-        else:
-            loss.backward()
         grad_norm = None
         if self.clip_grad_norm is not None:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm))

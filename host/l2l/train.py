@@ -53,7 +53,8 @@ def build_engine(cfg: TrainConfig, stack, device: torch.device, *, rank: int = 0
     runs micro-batches ``rank*M/world ..`` of the global M, and its EPS all-reduces."""
     if cfg.engine == "plain":
         return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
-                           precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm)
+                           precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm,
+                           micro_batches=cfg.micro_batches if cfg.accumulate else 1)
     devices = worker_devices(device, cfg.devices)
     transports = [make_transport(d) for d in devices]
     eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),

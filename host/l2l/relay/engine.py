@@ -1,13 +1,15 @@
 """The relay: L2L's schedule, layers outer and micro-batches inner.
 
 Forward: each layer is fetched from the EPS once and run over all M
-micro-batches; each micro-batch's layer input is stashed. The post stage runs
-forward and backward at once (its weights are already here). Backward walks
-the layers in reverse: fetch, recompute each micro-batch from its stash with
-grad enabled and the forward's dropout masks, back-propagate the upstream
-gradient, accumulate the layer's gradient over the M micro-batches into one
-flat buffer, hand it to the EPS -- which updates the layer on its worker while
-the relay goes on -- and free the layer.
+micro-batches; each micro-batch's layer input is stashed, and its autograd
+graph is recorded without the tensors it saves (``recompute.py``). The post
+stage runs forward and backward at once (its weights are already here).
+Backward walks the layers in reverse: fetch, recompute each micro-batch from
+its stash with the forward's dropout masks -- only as far as the recorded graph
+needs, like torch's checkpoint with early stop -- back-propagate the upstream
+gradient through the recorded graph, accumulate the layer's gradient over the
+M micro-batches into one flat buffer, hand it to the EPS -- which updates the
+layer on its worker while the relay goes on -- and free the layer.
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.func import functional_call
 
 from ..data import Batch
 from ..eps import EagerParamServer
 from ..models import Layer, LayerStack
 from .ledger import MemoryLedger
+from .recipe import Recipe
+from .recompute import Recorder, WeightSinks
 from .rng import derive_seed, replay_rng
 from .scaler import LossScaler, scaler_for
 from .stash import BoundaryStore
@@ -42,27 +45,12 @@ class StepResult:
     grad_norm: float | None = None   # global gradient norm (--overflow strict only)
 
 
-def _strip_parameters(module: torch.nn.Module, device: torch.device) -> None:
-    """Leave only shapes behind (meta tensors); buffers move to the device.
-
-    The master weights live in the EPS; the module is a recipe the relay calls
-    with the weights it fetched.
-    """
-    for mod in module.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                mod._parameters[name] = torch.nn.Parameter(
-                    torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
-        for name, b in list(mod._buffers.items()):
-            if b is not None:
-                mod._buffers[name] = b.to(device)
-
-
 class _FetchedLayer:
-    """One layer's weights on the device, as views for ``functional_call``."""
+    """One layer's weights on the device, as named views of one flat buffer."""
 
-    def __init__(self, layer: Layer, weights: torch.Tensor) -> None:
+    def __init__(self, layer: Layer, recipe: Recipe, weights: torch.Tensor) -> None:
         self.layer = layer
+        self.recipe = recipe
         self.weights = weights
         self.grad: torch.Tensor | None = None
         self.params = layer.layout.views(weights)
@@ -76,7 +64,12 @@ class _FetchedLayer:
             view.grad = grads[name]
 
     def __call__(self, *args):
-        return functional_call(self.layer.module, self.params, args)
+        with self.recipe.bound(self.params) as module:
+            return module(*args)
+
+    def bound(self, weights: dict[str, torch.Tensor]):
+        """The layer's module computing with ``weights`` (graph taps, or recompute leaves)."""
+        return self.recipe.bound(weights)
 
 
 class RelayEngine:
@@ -118,9 +111,10 @@ class RelayEngine:
         for i, layer in enumerate(self.layers):
             if i not in eps.layers:
                 eps.add_layer(i, layer.layout.flatten(layer.module))
-            _strip_parameters(layer.module, device)
+        self._recipes = [Recipe(layer.module, device) for layer in self.layers]
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
+        self._recorder = Recorder(device)
 
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
@@ -132,7 +126,7 @@ class RelayEngine:
         if resident is not None:  # kept from the forward: no round trip
             return resident
         pending = self._prefetched.pop(i, None) or self.transport.upload(self.eps.fetch(i))
-        fetched = _FetchedLayer(self.layers[i], pending.wait())
+        fetched = _FetchedLayer(self.layers[i], self._recipes[i], pending.wait())
         self.ledger.add("weights", _nbytes(fetched.weights))
         return fetched
 
@@ -141,10 +135,17 @@ class RelayEngine:
         if fetched.grad is not None:
             self.ledger.sub("grads", _nbytes(fetched.grad))
 
-    def _with_grad(self, i: int, fetched: _FetchedLayer) -> None:
+    def _with_grad(self, i: int, fetched: _FetchedLayer, sinks: WeightSinks | None = None) -> None:
+        """Give the layer its gradient buffer: as its leaves' ``.grad`` (the post stage,
+        whose forward and backward are one), or through the sinks of its recorded graph."""
         inbox = self.eps.gradient_inbox(i, self.contributor)
-        fetched.enable_grad(self.transport.gradient_buffer(inbox))
-        self.ledger.add("grads", _nbytes(fetched.grad))
+        grad = self.transport.gradient_buffer(inbox)
+        if sinks is None:
+            fetched.enable_grad(grad)
+        else:
+            fetched.grad = grad
+            sinks.grads = self.layers[i].layout.views(grad)
+        self.ledger.add("grads", _nbytes(grad))
 
     def _hand_over(self, i: int, fetched: _FetchedLayer, scale: float) -> None:
         ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i, self.contributor))
@@ -207,19 +208,23 @@ class RelayEngine:
         store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
                               schedule=_stash_schedule(last, len(mbs)))
 
-        # forward: pre and blocks, stashing each layer's input
+        # forward: pre and blocks, stashing each layer's input and recording each
+        # call's graph (no saved tensors) for an early-stopping recompute
+        recordings, sinks = {}, {}
         with torch.no_grad():
             for i in range(last):
                 layer = self._fetch(i)
                 self._prefetch(i + 1)
-                for j, (tokens, _) in enumerate(mbs):
-                    x = tokens if i == 0 else store.get(("act", i, j))
-                    held = 0 if i == 0 else self._track(x)
-                    with self._rng(step, i, j):
-                        y = layer(x)
-                    store.put(("act", i + 1, j), y)
-                    self.ledger.sub("boundary", held)
-                    del x, y
+                sinks[i] = WeightSinks()
+                with layer.bound(self._recorder.tap_weights(layer.params, sinks[i])) as module:
+                    for j, (tokens, _) in enumerate(mbs):
+                        x = tokens if i == 0 else store.get(("act", i, j))
+                        held = 0 if i == 0 else self._track(x)
+                        with self._rng(step, i, j):
+                            y, recordings[i, j] = self._recorder.forward(module, x)
+                        store.put(("act", i + 1, j), y)
+                        self.ledger.sub("boundary", held)
+                        del x, y
                 if i == last - 1 and i > 0 and self.transport.asynchronous:
                     self._resident[i] = layer  # backward starts with it right after the post stage
                 else:
@@ -252,18 +257,19 @@ class RelayEngine:
         for i in range(last - 1, -1, -1):
             layer = self._fetch(i)
             self._prefetch(i - 1)
-            self._with_grad(i, layer)
-            for j, (tokens, _) in enumerate(mbs):
-                x = tokens if i == 0 else store.pop(("act", i, j)).requires_grad_(True)
-                upstream = store.pop(("grad", i + 1, j))
-                held = self._track(upstream) + (0 if i == 0 else self._track(x))
-                with self._rng(step, i, j):
-                    y = layer(x)
-                y.backward(upstream)
-                if i > 0:
-                    store.put(("grad", i, j), x.grad)
-                self.ledger.sub("boundary", held)
-                del x, y, upstream
+            self._with_grad(i, layer, sinks.pop(i))
+            with layer.bound(self._recorder.leaves(layer.params)) as module:
+                for j, (tokens, _) in enumerate(mbs):
+                    x = tokens if i == 0 else store.pop(("act", i, j))
+                    upstream = store.pop(("grad", i + 1, j))
+                    held = self._track(upstream) + (0 if i == 0 else self._track(x))
+                    x = self._recorder.leaf(x)
+                    with self._rng(step, i, j):
+                        grad_x = recordings.pop((i, j)).backward(lambda: module(x), upstream)
+                    if i > 0:
+                        store.put(("grad", i, j), grad_x)
+                    self.ledger.sub("boundary", held)
+                    del x, upstream, grad_x
             self._hand_over(i, layer, scale)
             self._release(layer)
             self.eps.poll()
