@@ -18,7 +18,10 @@ The model, in short (each term is stated where it is computed):
   matmuls), plus ``4 * b * T^2 * d`` for causal attention in a block (``QK^T``
   and ``AV``; counted whole although half of it is masked). The relay runs each
   block forward once, then recomputes it (1x) and back-propagates (2x): 4x
-  the forward in all. The post stage runs forward and backward once: 3x.
+  the forward in all, less what the recompute skips -- it stops once backward
+  has every tensor it needs, before a GPT block's output projection (``4d^2``
+  of its ``12d^2`` matmul weights). The post stage runs forward and backward
+  once: 3x.
 * **Compute time** of one layer over one micro-batch is ``flops / (rate *
   efficiency) + per_call_s`` for a forward call, three times that for a
   recompute + backward call. ``rate`` is a dense matmul's rate at the
@@ -80,6 +83,8 @@ class LayerShape:
     params: int         # elements of the layer's flat buffer (what the EPS stores)
     matmul_params: int  # weights used in matrix products: 2 * this FLOPs per token
     attention: bool     # a block: causal self-attention over the sequence
+    tail_matmul_params: int = 0  # of those, used after the last tensor backward needs:
+    #                              the early-stopping recompute skips them
 
     def forward_flops(self, batch: int, seq_len: int, d_model: int) -> float:
         """FLOPs of one forward over ``batch`` sequences of ``seq_len`` tokens."""
@@ -89,18 +94,23 @@ class LayerShape:
             flops += 4.0 * batch * seq_len * seq_len * d_model  # QK^T and AV, 2*b*T^2*d each
         return flops
 
+    def backward_flops(self, batch: int, seq_len: int, d_model: int) -> float:
+        """FLOPs of one recompute (stopping early) + backward over ``batch`` sequences."""
+        return (3.0 * self.forward_flops(batch, seq_len, d_model)
+                - 2.0 * self.tail_matmul_params * batch * seq_len)
+
 
 def gpt_layer_shapes(layers: int, d_model: int, seq_len: int, vocab: int = 256) -> list[LayerShape]:
     """The built-in GPT (``models/gpt.py``), counted by hand.
 
     pre: token + position embeddings, ``vocab*d + T*d``; a block: qkv ``3d^2+3d``,
     proj ``d^2+d``, fc ``4d^2+4d``, out ``4d^2+d``, two layer norms ``4d``:
-    ``12d^2 + 13d``, of which ``12d^2`` multiply; post: norm ``2d`` and the
-    untied head ``d*vocab``.
+    ``12d^2 + 13d``, of which ``12d^2`` multiply (the last, out's ``4d^2``, after
+    every tensor backward needs); post: norm ``2d`` and the untied head ``d*vocab``.
     """
     d = d_model
     shapes = [LayerShape("pre", "pre", vocab * d + seq_len * d, 0, False)]
-    shapes += [LayerShape(f"block.{i}", "block", 12 * d * d + 13 * d, 12 * d * d, True) for i in range(layers)]
+    shapes += [LayerShape(f"block.{i}", "block", 12 * d * d + 13 * d, 12 * d * d, True, 4 * d * d) for i in range(layers)]
     shapes.append(LayerShape("post", "post", d * vocab + 2 * d, d * vocab, False))
     return shapes
 
@@ -271,7 +281,9 @@ def _schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: 
     def compute(shape: LayerShape, times: float) -> float:
         # per micro-batch: the FLOPs at the achieved rate, plus the fixed cost of a
         # call, counted like the FLOPs (a recompute + backward call is 3 forward calls)
-        return m * times * (shape.forward_flops(b, cfg.seq_len, cfg.d_model) / rate + rates.per_call_s)
+        flops = (shape.forward_flops(b, cfg.seq_len, cfg.d_model) if times == 1
+                 else shape.backward_flops(b, cfg.seq_len, cfg.d_model))
+        return m * (flops / rate + times * rates.per_call_s)
 
     def stash_s(n_out: int, n_in: int) -> float:
         # --stash host copies each boundary synchronously, on the compute stream
@@ -443,8 +455,9 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0
     for p in passes:
-        mult = 1 if p.kind == "fwd" else 3
-        flops += m * mult * shapes[p.layer].forward_flops(b, cfg.seq_len, cfg.d_model)
+        shape = shapes[p.layer]
+        flops += m * (shape.forward_flops(b, cfg.seq_len, cfg.d_model) if p.kind == "fwd"
+                      else shape.backward_flops(b, cfg.seq_len, cfg.d_model))
     stash_s = 0.0
     if on_cuda and cfg.stash == "host":
         # the per-pass stash copies are inside compute_s; separate them for the report
