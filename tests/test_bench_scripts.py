@@ -39,6 +39,7 @@ def test_bench_suite_quick_writes_headline_and_tables(tmp_path):
     head = suite["headline"]
     assert head["eps_opencl_vs_torch_fused"] is not None or "opencl" not in {m["method"] for m in suite["eps"]["rows"]}
     assert head["planner_error_worst"] is not None and head["l2l_vs_plain_ckpt_worst_at_m4_plus"] > 0
+    assert head["l2l_vs_plain_ckpt_same_m_worst"] > 0  # the accumulating baseline ran
     # memory: the host stash is flat in depth and in M, the device stash grows with both
     spread = head["memory_spread"]
     assert spread["depth/host"] <= 0.05 and spread["micro_batches/host"] <= 0.05

@@ -78,3 +78,19 @@ def test_recompute_replays_the_forward_dropout_masks(corpus):
     # the test can fail: other masks give other gradients
     other = _reference_gradients(cfg, batch, 4, step=7, seed=5, seed_shift=1)
     assert max(np.abs(g - o).max() / np.abs(o).max() for g, o in zip(got, other)) > 1e-2
+
+
+def test_plain_accumulating_over_micro_batches_takes_the_same_step(corpus):
+    """`--engine plain --accumulate` (the same-M baseline of `l2l bench relay`) trains what
+    the whole-batch step trains."""
+    from l2l.plain import PlainEngine
+    cfg = ModelConfig(layers=2, d_model=32, heads=2, seq_len=32)
+    sampler = sampler_for(corpus, cfg, batch_size=8)
+    runs = []
+    for m in (1, 4):
+        engine = PlainEngine(build_stack(cfg, 0), HYPER, CPU, checkpointing=True, micro_batches=m)
+        runs.append(([engine.train_step(sampler.batch(s), s).loss for s in range(3)], engine.master_weights()))
+    (la, wa), (lb, wb) = runs
+    np.testing.assert_allclose(la, lb, rtol=1e-6)
+    for x, y in zip(wa, wb):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)

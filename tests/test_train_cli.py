@@ -117,6 +117,7 @@ def _one_line_error(r, *needles):
     (["--micro-batches", "3"], "does not divide"),
     (["--engine", "magic"], "unknown engine"),
     (["--d-model", "30", "--heads", "4"], "multiple of --heads"),
+    (["--accumulate"], "--accumulate applies to --engine plain"),
     (["--steps", "ten"], "invalid int"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, args, needle):
