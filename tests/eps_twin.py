@@ -24,7 +24,7 @@ import numpy as np
 from l2l.eps import EpsBackend, HlsCsimBackend, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps import hls_csim_backend
 from l2l.eps.numerics import COPY_DTYPES
-from l2l.eps.opencl_backend import VECTOR, WORK_GROUP
+from l2l.eps.opencl_backend import UPDATE_SPAN, VECTOR
 
 from test_eps_contract import (  # tests/ is on sys.path under pytest
     Oracle,
@@ -208,7 +208,7 @@ def _hls_tile() -> int:
 
 
 HLS_TILE = _hls_tile()
-OPENCL_GROUP = VECTOR * WORK_GROUP  # elements one work-group of float8 work-items covers
+OPENCL_SPAN = VECTOR * UPDATE_SPAN  # elements one work-item of eps_update covers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,12 +230,13 @@ class BackendUnderTest:
 
 
 UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
-    # OpenCL (fpga/opencl/eps.cl): work-items of VECTOR elements plus a scalar tail, WORK_GROUP
-    # of them a group. The non-finite layer needs two work-groups and a tail of 3.
+    # OpenCL (fpga/opencl/eps.cl): vectors of VECTOR elements plus a scalar tail, spans of
+    # UPDATE_SPAN vectors per work-item, WORK_GROUP work-items a group. The non-finite
+    # layer needs two spans and a tail of 3.
     BackendUnderTest(OpenCLBackend.name, OpenCLBackend,
-                     edge_sizes=(1, *_around(VECTOR, WORK_GROUP, OPENCL_GROUP), 3001),
-                     nonfinite_n=OPENCL_GROUP + 5 * VECTOR + 3,
-                     nonfinite_at=(0, OPENCL_GROUP + 3, OPENCL_GROUP + 5 * VECTOR + 2)),
+                     edge_sizes=(1, *_around(VECTOR, OPENCL_SPAN, 2 * OPENCL_SPAN), 3001),
+                     nonfinite_n=OPENCL_SPAN + 5 * VECTOR + 3,
+                     nonfinite_at=(0, OPENCL_SPAN + 3, OPENCL_SPAN + 5 * VECTOR + 2)),
     # HLS (hls/eps_kernels.cpp): tiles of HLS_TILE, one burst per contribution and tile; a few
     # small sizes too. The non-finite layer is two whole tiles and a partial one.
     BackendUnderTest(HlsCsimBackend.name, HlsCsimBackend,

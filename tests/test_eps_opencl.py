@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from l2l.eps import AdamWHyper, OpenCLBackend, StepScalars
+from l2l.eps.numerics import COPY_DTYPES
 from l2l.errors import UserError
 
 from test_eps_contract import (  # tests/ is on sys.path under pytest
@@ -112,5 +113,43 @@ def test_check_spans_find_every_position(launch):
             tw.step([g], s, "fp32", f"{bad} at {i} of {n}", expect_finite=False)
             tw.check_state(f"after {bad} at {i}")
         tw.step([np.ones(n, np.float32)], s, "fp32", "finite layer", expect_finite=True)
+    finally:
+        be.close()
+
+
+# --------------------------------------------------------------------------
+# streaming stores for the device copy (x86 CPU devices)
+# --------------------------------------------------------------------------
+
+
+def _copy_at(n: int, cdtype: str, misalign: int) -> np.ndarray:
+    """A device-copy array whose data start ``misalign`` bytes past a 64-byte boundary."""
+    dtype = np.dtype(COPY_DTYPES[cdtype])
+    raw = np.zeros(n * dtype.itemsize + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + misalign
+    return raw[start:start + n * dtype.itemsize].view(dtype)
+
+
+@pytest.mark.parametrize("streaming", ["1", "0"])
+def test_device_copy_bits_do_not_depend_on_its_alignment(streaming, monkeypatch):
+    """The update writes the copy with streaming stores when built for them and the copy
+    is aligned for them, with plain stores otherwise: the same bits either way, and on a
+    non-finite step nothing is written by either route."""
+    monkeypatch.setenv("L2L_CL_STREAMING", streaming)
+    be = OpenCLBackend()
+    try:
+        options = be.program.get_build_info(be.device, be._cl.program_build_info.OPTIONS)
+        assert ("-DL2L_NT_STORES" in options) is be._streaming_stores()
+        rng = np.random.default_rng(5)
+        n = 8 * 300 + 3
+        for cdtype, misalign in itertools.product(DTYPES, (0, 2, 4, 16)):
+            tw = Twin(be, *wide_state(rng, n))
+            copies = (_copy_at(n, cdtype, misalign), _copy_at(n, cdtype, misalign))
+            for t in (1, 2, 3):
+                g = grads_of([wide_grad_bits(rng, n, "fp32")], "fp32")
+                if t == 2:
+                    g[0][n // 3] = np.inf
+                tw.step(g, StepScalars.compute(AdamWHyper(), t), cdtype,
+                        f"copy {cdtype} at 64+{misalign} t={t}", expect_finite=t != 2, copies=copies)
     finally:
         be.close()

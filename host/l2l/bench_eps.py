@@ -38,6 +38,7 @@ import torch
 
 from .eps import BACKENDS, AdamWHyper, StepScalars, make_backend
 from .eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from .eps.server import numpy_alloc
 from .errors import UserError
 
 _TORCH_DTYPES = {COPY_DTYPES["fp32"]: torch.float32, COPY_DTYPES["bf16"]: torch.bfloat16,
@@ -112,7 +113,8 @@ def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> 
         device = getattr(backend, "device", None)
         if device is not None and hasattr(device, "max_compute_units"):
             threads = f"{device.max_compute_units} (OpenCL CUs)"
-        copy_out = np.zeros(p0.shape[0], copy_dtype)
+        copy_out = numpy_alloc(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
+        copy_out[:] = 0
         counter = itertools.count(1)
 
         def run(backend=backend, copy_out=copy_out, counter=counter):
@@ -121,6 +123,8 @@ def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> 
                 raise RuntimeError("benchmark gradients were not finite")
 
         nbytes, counted = _eps_bytes(name, k, gs, cs)
+        if getattr(backend, "_streaming_stores", lambda: False)():
+            counted += " (the copy with streaming stores: no write-allocate read of it)"
         methods.append(Method(name, f"EPS {name}: step()", threads, nbytes, counted, run))
     return methods, opened
 

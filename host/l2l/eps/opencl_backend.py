@@ -16,6 +16,7 @@ default the first accelerator or GPU device is taken, else the first device.
 from __future__ import annotations
 
 import os
+import platform as host_platform
 import subprocess
 import sys
 from pathlib import Path
@@ -30,11 +31,13 @@ from .numerics import COPY_DTYPES
 
 KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "fpga" / "opencl" / "eps.cl"
 BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
+NT_OPTION = "-DL2L_NT_STORES"  # x86 CPU devices: the device copy with streaming stores (eps.cl)
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
                 "or 'pip install pocl-binary-distribution'")
 WORK_GROUP = 256  # 64, 256 and 1024 measured alike on PoCL; 256 suits GPUs too
 VECTOR = 8  # elements per work-item (VW in eps.cl)
 CHECK_SPAN = 64  # vectors per work-item of eps_check (CHECK_SPAN in eps.cl)
+UPDATE_SPAN = 64  # vectors per work-item of eps_update (UPDATE_SPAN in eps.cl)
 KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
 
 _PROBE = """
@@ -145,6 +148,11 @@ class OpenCLBackend(EpsBackend):
     def _build(self, binary: str | None):
         cl = self._cl
         if binary is None:
+            if self._streaming_stores():
+                try:  # the x86 streaming-store path (eps.cl); a runtime that cannot build it gets the plain one
+                    return cl.Program(self.context, kernel_source()).build(options=BUILD_OPTIONS + [NT_OPTION])
+                except cl.RuntimeError:
+                    pass
             program = cl.Program(self.context, kernel_source())
             try:
                 return program.build(options=BUILD_OPTIONS)
@@ -159,6 +167,18 @@ class OpenCLBackend(EpsBackend):
             return program.build(options=BUILD_OPTIONS)
         except cl.Error as exc:
             raise UserError(f"--cl-binary {binary}: not a program for {self.device.name.strip()} ({exc})") from None
+
+    def _streaming_stores(self) -> bool:
+        """Whether the kernels may use x86 streaming stores: the device is this x86 host's
+        CPU with AVX (``L2L_CL_STREAMING=0`` turns them off, e.g. to measure them)."""
+        if os.environ.get("L2L_CL_STREAMING", "1") == "0":
+            return False
+        if not self.device.type & self._cl.device_type.CPU or host_platform.machine() not in ("x86_64", "AMD64"):
+            return False
+        try:
+            return " avx " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} "
+        except OSError:
+            return False
 
     def _probe_binary(self, path: Path) -> None:
         """Load the binary in a child process first: some runtimes (PoCL) abort or
@@ -236,7 +256,7 @@ class OpenCLBackend(EpsBackend):
         block = grads if isinstance(grads, np.ndarray) and grads.ndim == 2 else None  # checked by _check_step
         k = len(grads)
         dtype = grads[0].dtype
-        if block is not None and block.flags.c_contiguous and self._zero_copy:
+        if block is not None and block.flags.c_contiguous and block.flags.aligned and self._zero_copy:
             return self._host_buffer(block), k, dtype
         n = grads[0].shape[0]
         buf = self._buffer(f"g_in.{dtype.itemsize}", k * n * dtype.itemsize)
@@ -277,7 +297,13 @@ class OpenCLBackend(EpsBackend):
         target = self._copy_target(copy_out)
         p, m, v = self._state[layer]
         self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n), np.uint32(k),
-                     s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale)
+                     s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale,
+                     span=UPDATE_SPAN)
+        if target[1]:  # the copy is copy_out's own memory: map it in the same wait as the flag
+            mapped = self._map(target[0], copy_out.nbytes)
+            cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=True)
+            mapped.base.release()
+            return bool(flag[0])
         cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=True)
         if flag[0]:
             self._copy_back(target, copy_out)
@@ -293,22 +319,28 @@ class OpenCLBackend(EpsBackend):
         self._copy_back(target, copy_out)
 
     def _copy_target(self, copy_out: np.ndarray):
-        """(device buffer the kernel writes the copy into, whether it wraps ``copy_out`` itself)."""
-        if self._zero_copy and copy_out.flags.c_contiguous:
+        """(device buffer the kernel writes the copy into, whether it wraps ``copy_out`` itself).
+        Wrapped only when its elements are aligned to their size (a kernel pointer must be)."""
+        if self._zero_copy and copy_out.flags.c_contiguous and copy_out.flags.aligned:
             return self._host_buffer(copy_out), True
         return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes), False
+
+    def _map(self, buf, nbytes: int):
+        """Enqueue a map of a USE_HOST_PTR buffer for reading (the spec's way to hand it back
+        to the host); the mapping is valid once the queue has reached it."""
+        mapped, _ = self._cl.enqueue_map_buffer(self.queue, buf, self._cl.map_flags.READ, 0,
+                                                (nbytes,), np.uint8, is_blocking=False)
+        return mapped
 
     def _copy_back(self, target, copy_out: np.ndarray) -> None:
         """Make the device copy visible in ``copy_out``; waits for the queue."""
         copy_dev, wrapped = target
         if wrapped:
-            # map/unmap: the spec's way to hand a USE_HOST_PTR buffer back to the host
-            mapped, _ = self._cl.enqueue_map_buffer(self.queue, copy_dev, self._cl.map_flags.READ, 0,
-                                                    (copy_out.nbytes,), np.uint8)
-            mapped.base.release()
+            mapped = self._map(copy_dev, copy_out.nbytes)
             self.queue.finish()
+            mapped.base.release()
             return
-        dense = copy_out if copy_out.flags.c_contiguous else np.empty_like(copy_out, order="C")
+        dense = copy_out if copy_out.flags.c_contiguous and copy_out.flags.aligned else np.empty_like(copy_out, order="C")
         self._cl.enqueue_copy(self.queue, _bytes_view(dense), copy_dev, is_blocking=True)
         if dense is not copy_out:  # e.g. a strided view
             copy_out[...] = dense

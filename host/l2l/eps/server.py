@@ -33,8 +33,13 @@ from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
 
 
-def numpy_alloc(n: int, dtype: np.dtype) -> np.ndarray:
-    return np.empty(n, dtype=dtype)
+def numpy_alloc(n: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
+    """``np.empty`` starting on an ``align``-byte boundary (a cache line): vector kernels
+    and streaming stores (the OpenCL EPS on a CPU) want whole lines."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(n * dtype.itemsize + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + n * dtype.itemsize].view(dtype)
 
 
 @dataclass

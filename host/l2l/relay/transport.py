@@ -31,6 +31,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from ..eps.server import numpy_alloc
+
 _TORCH_OF = {
     np.dtype(np.float32): torch.float32,
     np.dtype(np.float16): torch.float16,
@@ -90,7 +92,7 @@ class CpuTransport:
         self.device = device
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        return np.empty(n, dtype=dtype)
+        return numpy_alloc(n, dtype)
 
     def upload(self, host: np.ndarray) -> PendingTensor:
         return PendingTensor(as_torch(host))
@@ -245,7 +247,7 @@ class ThreadedTransport:
             self.trace.append((kind, start, time.perf_counter()))
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        return np.empty(n, dtype=dtype)
+        return numpy_alloc(n, dtype)
 
     def upload(self, host: np.ndarray) -> PendingTensor:
         src = as_torch(host)
