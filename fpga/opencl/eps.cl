@@ -107,7 +107,9 @@ inline void store8nt_f16(__global ushort *c, size_t j, float8 x) { store8_f16(c,
 // stores at most once. The per-vector isfinite-and-branch form ran at half the
 // read bandwidth on PoCL.
 
+#ifndef CHECK_SPAN
 #define CHECK_SPAN 64
+#endif
 #define NOT_FINITE8(x) ((as_int8(x) & (int8)0x7f800000) == (int8)0x7f800000)
 
 #define EPS_CHECK(G, GT)                                                               \
@@ -145,7 +147,9 @@ EPS_CHECK(f16, ushort)
 // sequential stream per thread on a CPU, and one fence per span when the copy
 // goes out with streaming stores (a fence per vector cost 3x).
 
+#ifndef UPDATE_SPAN
 #define UPDATE_SPAN 64
+#endif
 
 #ifdef L2L_NT_STORES
 #define STREAMING(C, copy) ((((size_t)(copy)) & NT_ALIGN_##C) == 0)
