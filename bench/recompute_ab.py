@@ -1,12 +1,14 @@
-"""Backward with recompute: torch checkpoint vs the relay's per-layer recompute.
+"""Backward with recompute, three ways: torch checkpoint, recompute-then-backward, the relay's.
 
-Times backward through N GPT blocks two ways, alternating between them:
+Times forward + backward through N GPT blocks, alternating between:
   checkpoint  torch.utils.checkpoint (non-reentrant; stops recomputing early
               once backward has every saved tensor it needs)
-  relay       per block: recompute y = block(x) with grad, then y.backward(g),
-              as the relay does
-Explains most of the relay's cost over `plain --checkpointing` (README,
-"Measured figures").
+  recompute   per block: forward without grad, then recompute y = block(x)
+              with grad and y.backward(g) -- the relay before its early stop
+  relay       per block: forward recording the graph without saved tensors,
+              then the early-stopping recompute and backward of
+              l2l/relay/recompute.py -- what the relay does now
+The gap between the first two is the early stop (README, "Measured figures").
 
     python bench/recompute_ab.py [--layers 8] [--d-model 256] [--batch 16] [--seq 128] [--rounds 14]
 """
@@ -20,6 +22,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from l2l.models import ModelConfig, build_stack
+from l2l.relay.binding import WeightBinding
+from l2l.relay.recompute import Recorder, WeightSinks
 
 
 def main() -> None:
@@ -44,20 +48,20 @@ def main() -> None:
 
     def with_checkpoint() -> float:
         clear()
+        t0 = time.perf_counter()
         y = x0.detach().requires_grad_()
         for b in blocks:
             y = checkpoint(b, y, use_reentrant=False)
-        t0 = time.perf_counter()
         y.backward(g0)
         return time.perf_counter() - t0
 
-    def per_layer() -> float:
+    def recompute_then_backward() -> float:
         clear()
+        t0 = time.perf_counter()
         xs = [x0]
         with torch.no_grad():
             for b in blocks:
                 xs.append(b(xs[-1]))
-        t0 = time.perf_counter()
         g = g0
         for k in range(len(blocks) - 1, -1, -1):
             x = xs[k].detach().requires_grad_()
@@ -65,7 +69,34 @@ def main() -> None:
             g = x.grad
         return time.perf_counter() - t0
 
-    runs = {"checkpoint": with_checkpoint, "relay": per_layer}
+    # the relay's way needs parameter-less modules and flat gradient buffers
+    twins = [build_stack(cfg, 0).layers[1 + i].module for i in range(len(blocks))]
+    weights = [{n: p.detach() for n, p in b.named_parameters()} for b in blocks]
+    bindings = [WeightBinding(t, torch.device("cpu")) for t in twins]
+    grads = [{n: torch.zeros_like(w) for n, w in ws.items()} for ws in weights]
+    recorder = Recorder(torch.device("cpu"))
+
+    def relay() -> float:
+        for gs in grads:
+            for t in gs.values():
+                t.zero_()
+        t0 = time.perf_counter()
+        xs, recs, sinks = [x0], [], []
+        for binding, ws in zip(bindings, weights):
+            sinks.append(WeightSinks())
+            with binding.bound(recorder.tap_weights(ws, sinks[-1])) as module:
+                y, rec = recorder.forward(module, xs[-1])
+            xs.append(y)
+            recs.append(rec)
+        g = g0
+        for k in range(len(blocks) - 1, -1, -1):
+            sinks[k].grads = grads[k]
+            with bindings[k].bound(recorder.leaves(weights[k])) as module:
+                x = recorder.leaf(xs[k])
+                g = recs[k].backward(lambda: module(x), g)
+        return time.perf_counter() - t0
+
+    runs = {"checkpoint": with_checkpoint, "recompute": recompute_then_backward, "relay": relay}
     times = {name: [] for name in runs}
     for i in range(args.rounds):
         for name, fn in runs.items():
@@ -73,8 +104,9 @@ def main() -> None:
             if i >= 3:
                 times[name].append(t)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"{args.layers} blocks d{args.d_model}, batch {args.batch}x{args.seq}, {torch.get_num_threads()} threads: "
-          f"backward with checkpoint {med['checkpoint']:.4f} s, per-layer recompute {med['relay']:.4f} s "
+    print(f"{args.layers} blocks d{args.d_model}, batch {args.batch}x{args.seq}, {torch.get_num_threads()} threads, "
+          f"forward + backward: checkpoint {med['checkpoint']:.4f} s, recompute-then-backward "
+          f"{med['recompute']:.4f} s ({med['recompute'] / med['checkpoint']:.3f}x), relay {med['relay']:.4f} s "
           f"({med['relay'] / med['checkpoint']:.3f}x)")
 
 

@@ -28,7 +28,7 @@ def test_recompute_ab_runs():
     r = _run("bench/recompute_ab.py", "--layers", "2", "--d-model", "32", "--heads", "2",
              "--batch", "2", "--seq", "16", "--rounds", "4")
     assert r.returncode == 0, r.stderr
-    assert "per-layer recompute" in r.stdout
+    assert "recompute-then-backward" in r.stdout and "relay" in r.stdout
 
 
 def test_bench_suite_quick_writes_headline_and_tables(tmp_path):

@@ -1,4 +1,4 @@
-"""The relay's early-stopping recompute (relay/recompute.py) and layer recipes (relay/recipe.py)."""
+"""The relay's early-stopping recompute (relay/recompute.py) and weight binding (relay/binding.py)."""
 from __future__ import annotations
 
 import gc
@@ -12,7 +12,7 @@ from torch import nn
 from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
-from l2l.relay.recipe import Recipe
+from l2l.relay.binding import WeightBinding
 from l2l.relay.recompute import Recorder, WeightSinks
 from l2l.relay.transport import ThreadedTransport
 
@@ -57,13 +57,13 @@ def test_gradients_equal_a_plain_recompute_bit_for_bit():
     ref_x = x.clone().requires_grad_()
     torch.func.functional_call(block, ref_w, (ref_x,)).backward(g)
 
-    recipe = Recipe(block, CPU)
+    binding = WeightBinding(block, CPU)
     recorder, sinks = Recorder(CPU), WeightSinks()
-    with recipe.bound(recorder.tap_weights(weights, sinks)) as module:
+    with binding.bound(recorder.tap_weights(weights, sinks)) as module:
         y, rec = recorder.forward(module, x)
     grads = {n: torch.zeros_like(w) for n, w in weights.items()}
     sinks.grads = grads
-    with recipe.bound(recorder.leaves(weights)) as module:
+    with binding.bound(recorder.leaves(weights)) as module:
         xl = recorder.leaf(x)
         gx = rec.backward(lambda: module(xl), g)
     assert torch.equal(gx, ref_x.grad)
@@ -85,12 +85,12 @@ def test_a_recompute_that_diverges_from_its_forward_is_refused():
 
     module = Moody()
     weights = {n: p.detach().clone() for n, p in module.named_parameters()}
-    recipe = Recipe(module, CPU)
+    binding = WeightBinding(module, CPU)
     recorder, sinks = Recorder(CPU), WeightSinks()
-    with recipe.bound(recorder.tap_weights(weights, sinks)) as m:
+    with binding.bound(recorder.tap_weights(weights, sinks)) as m:
         _, rec = recorder.forward(m, torch.randn(2, 4))
     sinks.grads = {n: torch.zeros_like(w) for n, w in weights.items()}
-    with recipe.bound(recorder.leaves(weights)) as m, pytest.raises(RuntimeError, match="diverged"):
+    with binding.bound(recorder.leaves(weights)) as m, pytest.raises(RuntimeError, match="diverged"):
         rec.backward(lambda: m(recorder.leaf(torch.randn(2, 4))), torch.ones(2, 4))
 
 
@@ -137,10 +137,10 @@ def test_a_tied_weight_is_bound_everywhere_it_appears():
     module = Tied()
     names = [n for n, _ in module.named_parameters()]
     assert names == ["a.weight"]
-    recipe = Recipe(module, CPU)
+    binding = WeightBinding(module, CPU)
     assert module.a.weight.is_meta and module.b.weight.is_meta
     w = torch.randn(3, 3)
     x = torch.randn(2, 3)
-    with recipe.bound({"a.weight": w}) as m:
+    with binding.bound({"a.weight": w}) as m:
         np.testing.assert_allclose(m(x).numpy(), (x @ w.T @ w.T).numpy(), rtol=1e-6)
     assert module.a.weight.is_meta and module.b.weight.is_meta  # placeholders back

@@ -82,15 +82,16 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
         ms = [m for m in args.micro_batches if base.batch_size % m == 0]
         configs = {"plain_ckpt": replace(base, engine="plain", checkpointing=True),
                    "plain": replace(base, engine="plain")}
-        configs.update({f"l2l_m{m}": replace(base, micro_batches=m, stash=args.stash) for m in ms})
+        stashes = args.stash if isinstance(args.stash, list) else [args.stash]
+        configs.update({_l2l(m, st): replace(base, micro_batches=m, stash=st) for m in ms for st in stashes})
         configs.update({f"plain_ckpt_m{m}": replace(base, engine="plain", checkpointing=True, accumulate=True,
                                                     micro_batches=m) for m in ms if m > 1})
         timed = _time_engines(configs, sampler, args.steps, args.warmup)
-        predicted = _predictions(base, [configs[f"l2l_m{m}"] for m in ms], args) if args.plan else {}
-        for m in ms:
-            l2l, ckpt, plain = timed[f"l2l_m{m}"], timed["plain_ckpt"], timed["plain"]
+        predicted = _predictions(base, [configs[_l2l(m, stashes[0])] for m in ms], args) if args.plan else {}
+        for m, stash in ((m, st) for m in ms for st in stashes):
+            l2l, ckpt, plain = timed[_l2l(m, stash)], timed["plain_ckpt"], timed["plain"]
             ckpt_m = timed.get(f"plain_ckpt_m{m}", ckpt)
-            row = {"layers": layers, "micro_batches": m, "l2l_step_s": l2l["step_s"],
+            row = {"layers": layers, "micro_batches": m, "stash": stash, "l2l_step_s": l2l["step_s"],
                    "plain_ckpt_step_s": ckpt["step_s"], "plain_step_s": plain["step_s"],
                    "plain_ckpt_same_m_step_s": ckpt_m["step_s"],
                    "ratio_vs_plain_ckpt": l2l["step_s"] / ckpt["step_s"],
@@ -99,15 +100,21 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
                    "eps_wait_share": l2l["eps_wait_share"],
                    "l2l_tokens_per_s": base.batch_size * base.seq_len / l2l["step_s"],
                    "l2l_device_peak_bytes": l2l["device_peak_bytes"]}
-            if m in predicted:
+            if stash != stashes[0]:  # the same step with the first stash policy, timed in turn
+                row["vs_first_stash"] = l2l["step_s"] / timed[_l2l(m, stashes[0])]["step_s"]
+            elif m in predicted:
                 row["predicted_step_s"] = predicted[m]
                 row["prediction_error"] = predicted[m] / l2l["step_s"] - 1.0
             rows.append(row)
-            print(f"L={layers:3d} M={m:2d}  l2l {row['l2l_step_s']:.3f}s  plain+ckpt {row['plain_ckpt_step_s']:.3f}s"
+            print(f"L={layers:3d} M={m:2d} {stash:6s}  l2l {row['l2l_step_s']:.3f}s  plain+ckpt {row['plain_ckpt_step_s']:.3f}s"
                   f"  plain {row['plain_step_s']:.3f}s  ratio {row['ratio_vs_plain_ckpt']:.3f}"
                   f"  (same M {row['ratio_vs_plain_ckpt_same_m']:.3f})"
                   f"  eps wait {row['eps_wait_share']:.1%}", flush=True)
     return rows
+
+
+def _l2l(m: int, stash: str) -> str:
+    return f"l2l_m{m}_{stash}"
 
 
 _RATES: dict = {}
@@ -127,17 +134,23 @@ def _predictions(base: TrainConfig, cfgs: list[TrainConfig], args: argparse.Name
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     head = (f"Model {args.model} d{args.d_model} h{args.heads}, seq {args.seq_len}, batch {args.batch_size}, "
-            f"device {args.device}, median of {args.steps} steps after {args.warmup} warm-up, engines stepped in turn; stash {args.stash}.\n\n"
+            f"device {args.device}, median of {args.steps} steps after {args.warmup} warm-up, engines stepped in turn; "
+            f"stash {' and '.join(args.stash)}.\n\n"
             "`plain+ckpt M`: the same M micro-batches, checkpointed, gradients accumulated.\n\n"
-            "| layers | M | l2l step (s) | plain+ckpt (s) | plain+ckpt M (s) | plain (s) | l2l / plain+ckpt "
+            "| layers | M | stash | l2l step (s) | plain+ckpt (s) | plain+ckpt M (s) | plain (s) | l2l / plain+ckpt "
             "| l2l / plain+ckpt M | l2l / plain | EPS wait | planner (s) | planner error |\n"
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-    body = "".join(f"| {r['layers']} | {r['micro_batches']} | {r['l2l_step_s']:.3f} | {r['plain_ckpt_step_s']:.3f} "
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    body = "".join(f"| {r['layers']} | {r['micro_batches']} | {r['stash']} | {r['l2l_step_s']:.3f} | {r['plain_ckpt_step_s']:.3f} "
                    f"| {r['plain_ckpt_same_m_step_s']:.3f} | {r['plain_step_s']:.3f} | {r['ratio_vs_plain_ckpt']:.3f} "
                    f"| {r['ratio_vs_plain_ckpt_same_m']:.3f} | {r['ratio_vs_plain']:.3f} "
                    f"| {r['eps_wait_share']:.1%} | "
                    + (f"{r['predicted_step_s']:.3f} | {r['prediction_error']:+.1%} |\n" if "predicted_step_s" in r
                       else "— | — |\n") for r in rows)
+    others = [r for r in rows if "vs_first_stash" in r]
+    if others:
+        ratios = [r["vs_first_stash"] for r in others]
+        body += (f"\nStep time with `--stash {others[0]['stash']}` over `--stash {args.stash[0]}`, timed in turn: "
+                 f"{min(ratios):.3f}x .. {max(ratios):.3f}x.\n")
     return head + body
 
 
@@ -151,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--stash", default="device")
+    p.add_argument("--stash", nargs="+", default=["device"], choices=["device", "host"],
+                   help="stash policies to time (several: stepped in turn, compared with the first)")
     p.add_argument("--device", default="auto")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)

@@ -34,7 +34,7 @@ BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
 NT_OPTION = "-DL2L_NT_STORES"  # x86 CPU devices: the device copy with streaming stores (eps.cl)
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
                 "or 'pip install pocl-binary-distribution'")
-WORK_GROUP = 256  # 64, 256 and 1024 measured alike on PoCL; 256 suits GPUs too
+WORK_GROUP = 256  # work-items per group; on PoCL 16 to 256 measured alike, 8 or fewer slower
 VECTOR = 8  # elements per work-item (VW in eps.cl)
 CHECK_SPAN = 64  # vectors per work-item of eps_check (CHECK_SPAN in eps.cl)
 UPDATE_SPAN = 64  # vectors per work-item of eps_update (UPDATE_SPAN in eps.cl)
@@ -120,7 +120,7 @@ class OpenCLBackend(EpsBackend):
 
     def __init__(self, platform: str | None = None, device: str | None = None,
                  binary: str | None = None, launch: str = "auto") -> None:
-        """``launch``: "ndrange" (one work-item per float8, for CPUs and GPUs), "task" (a
+        """``launch``: "ndrange" (one work-item per span of float8s, for CPUs and GPUs), "task" (a
         single work-item that loops, the shape of an FPGA kernel), or "auto": task for
         kernels compiled with a required work-group size of 1 (HLS kernels in an
         .xclbin), ndrange otherwise."""

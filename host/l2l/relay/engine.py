@@ -23,7 +23,7 @@ from ..data import Batch
 from ..eps import EagerParamServer
 from ..models import Layer, LayerStack
 from .ledger import MemoryLedger
-from .recipe import Recipe
+from .binding import WeightBinding
 from .recompute import Recorder, WeightSinks
 from .rng import derive_seed, replay_rng
 from .scaler import LossScaler, scaler_for
@@ -48,9 +48,9 @@ class StepResult:
 class _FetchedLayer:
     """One layer's weights on the device, as named views of one flat buffer."""
 
-    def __init__(self, layer: Layer, recipe: Recipe, weights: torch.Tensor) -> None:
+    def __init__(self, layer: Layer, binding: WeightBinding, weights: torch.Tensor) -> None:
         self.layer = layer
-        self.recipe = recipe
+        self.binding = binding
         self.weights = weights
         self.grad: torch.Tensor | None = None
         self.params = layer.layout.views(weights)
@@ -64,12 +64,12 @@ class _FetchedLayer:
             view.grad = grads[name]
 
     def __call__(self, *args):
-        with self.recipe.bound(self.params) as module:
+        with self.binding.bound(self.params) as module:
             return module(*args)
 
     def bound(self, weights: dict[str, torch.Tensor]):
         """The layer's module computing with ``weights`` (graph taps, or recompute leaves)."""
-        return self.recipe.bound(weights)
+        return self.binding.bound(weights)
 
 
 class RelayEngine:
@@ -111,7 +111,7 @@ class RelayEngine:
         for i, layer in enumerate(self.layers):
             if i not in eps.layers:
                 eps.add_layer(i, layer.layout.flatten(layer.module))
-        self._recipes = [Recipe(layer.module, device) for layer in self.layers]
+        self._bindings = [WeightBinding(layer.module, device) for layer in self.layers]
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
         self._recorder = Recorder(device)
@@ -126,7 +126,7 @@ class RelayEngine:
         if resident is not None:  # kept from the forward: no round trip
             return resident
         pending = self._prefetched.pop(i, None) or self.transport.upload(self.eps.fetch(i))
-        fetched = _FetchedLayer(self.layers[i], self._recipes[i], pending.wait())
+        fetched = _FetchedLayer(self.layers[i], self._bindings[i], pending.wait())
         self.ledger.add("weights", _nbytes(fetched.weights))
         return fetched
 

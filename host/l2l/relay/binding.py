@@ -1,4 +1,4 @@
-"""A layer's module as a recipe: its parameters are placeholders, bound to fetched weights to run.
+"""A layer's module with placeholder parameters, bound to fetched weights while it runs.
 
 The master weights live in the EPS, so the relay's modules keep only shapes
 (meta tensors). To run a layer, the weights it fetched are bound into the
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 
-class Recipe:
+class WeightBinding:
     def __init__(self, module: nn.Module, device: torch.device) -> None:
         """Strip ``module``'s parameters (to meta placeholders) and move its buffers to ``device``."""
         self.module = module
