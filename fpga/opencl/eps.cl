@@ -41,12 +41,13 @@ inline float  wide1_f16(__global const ushort *g, size_t i) { return vload_half(
 
 inline void store8_f32(__global float *c, size_t j, float8 x) { vstore8(x, j, c); }
 inline void store1_f32(__global float *c, size_t i, float x) { c[i] = x; }
-inline void store8_bf16(__global ushort *c, size_t j, float8 x) {
+inline ushort8 bf16_rne8(float8 x) {
     const uint8 b = as_uint8(x);
     const uint8 rounded = (b + (uint8)0x7fffu + ((b >> 16) & (uint8)1u)) >> 16;
     const uint8 quiet_nan = (b >> 16) | (uint8)0x0040u;        // NaN stays NaN
-    vstore8(convert_ushort8(select(rounded, quiet_nan, (b & (uint8)0x7fffffffu) > (uint8)0x7f800000u)), j, c);
+    return convert_ushort8(select(rounded, quiet_nan, (b & (uint8)0x7fffffffu) > (uint8)0x7f800000u));
 }
+inline void store8_bf16(__global ushort *c, size_t j, float8 x) { vstore8(bf16_rne8(x), j, c); }
 inline void store1_bf16(__global ushort *c, size_t i, float x) {
     const uint b = as_uint(x);
     c[i] = (ushort)(((b & 0x7fffffffu) > 0x7f800000u) ? ((b >> 16) | 0x0040u)
@@ -56,15 +57,18 @@ inline void store8_f16(__global ushort *c, size_t j, float8 x) { vstore_half8_rt
 inline void store1_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(x, i, (__global half *)c); }
 
 // ---------------------------------------------------------------- streaming stores (x86 CPU devices)
-// The device copy is a write-only stream. A plain store first reads each line of
-// it into cache (write-allocate): 4 more bytes per element on the update's 36,
-// and measured 20% of the update's time on PoCL. x86 non-temporal stores write
-// whole lines without that read. The host defines L2L_NT_STORES only when the
-// device is the x86 CPU it runs on (opencl_backend.py); the update kernel uses
-// them only when the copy buffer is aligned for them (32 bytes for float8, 16
-// for ushort8), and fences once at the end (they are weakly ordered). Only the
-// bits' route to memory changes, never the bits. (__builtin_nontemporal_store
-// crashes PoCL 3.1's compiler, hence inline assembly.)
+// The device copy is a write-only stream. A plain store first reads each line
+// of it into cache (write-allocate): 4 more bytes per element on the update's
+// 36, and measured 20% of the update's time on PoCL. x86 non-temporal stores
+// write whole lines without that read. The host defines L2L_NT_STORES only
+// when the device is the x86 CPU it runs on (opencl_backend.py); the update
+// uses them only when the copy buffer is aligned for them (32 bytes for
+// float8, 16 for ushort8), and fences once per span (they are weakly ordered).
+// Only the route of the bits to memory changes, never the bits. p, m and v,
+// read just before they are written, gain nothing from it (streaming them too
+// measured slower when the host grants more bandwidth, and alike otherwise).
+// (__builtin_nontemporal_store crashes PoCL 3.1's compiler, hence inline
+// assembly.)
 
 #ifdef L2L_NT_STORES
 #define NT_ALIGN_f32 31
@@ -74,11 +78,7 @@ inline void store8nt_f32(__global float *c, size_t j, float8 x) {
     __asm__ volatile ("vmovntps %1, %0" : "=m"(*(__global float8 *)(c + VW * j)) : "x"(x));
 }
 inline void store8nt_bf16(__global ushort *c, size_t j, float8 x) {
-    const uint8 b = as_uint8(x);
-    const uint8 rounded = (b + (uint8)0x7fffu + ((b >> 16) & (uint8)1u)) >> 16;
-    const uint8 quiet_nan = (b >> 16) | (uint8)0x0040u;
-    const ushort8 h = convert_ushort8(select(rounded, quiet_nan, (b & (uint8)0x7fffffffu) > (uint8)0x7f800000u));
-    __asm__ volatile ("vmovntps %1, %0" : "=m"(*(__global float4 *)(c + VW * j)) : "x"(as_float4(h)));
+    __asm__ volatile ("vmovntps %1, %0" : "=m"(*(__global float4 *)(c + VW * j)) : "x"(as_float4(bf16_rne8(x))));
 }
 inline void store8nt_f16(__global ushort *c, size_t j, float8 x) { store8_f16(c, j, x); }  // no integer RNE here
 #define NT_FENCE() __asm__ volatile ("sfence" ::: "memory")
@@ -143,12 +143,13 @@ EPS_CHECK(f16, ushort)
 // ---------------------------------------------------------------- update
 // One pass: reduce the k contributions, AdamW in place on p, m, v, write the
 // device copy of p'. Does nothing when *finite is 0 (the layer is untouched).
-// Like the check, each work-item takes UPDATE_SPAN consecutive vectors: a long
-// sequential stream per thread on a CPU, and one fence per span when the copy
-// goes out with streaming stores (a fence per vector cost 3x).
+// Each work-item takes UPDATE_SPAN consecutive vectors (8 KiB of each array):
+// a long sequential stream per thread on a CPU, and one fence per span on the
+// streaming-store path (a fence per vector cost 3x; spans of 16 vectors were
+// slower than 256, and 256 measured like 512).
 
 #ifndef UPDATE_SPAN
-#define UPDATE_SPAN 64
+#define UPDATE_SPAN 256
 #endif
 
 #ifdef L2L_NT_STORES
@@ -183,6 +184,7 @@ __kernel void eps_update_##G##_##C(                                             
             vstore8(p2, j, p); vstore8(m1, j, m); vstore8(v1, j, v);                   \
             STORE8_COPY(C, copy, j, p2, nt);                                           \
         }                                                                              \
+        FENCE_IF(nt);                                                                  \
         if (nv < lo + UPDATE_SPAN) {  /* this span holds the n % 8 tail */              \
             for (size_t i = nv * VW; i < n; ++i) {                                      \
                 float acc = wide1_##G(gr, i);                                          \
@@ -195,7 +197,6 @@ __kernel void eps_update_##G##_##C(                                             
             }                                                                          \
         }                                                                              \
     }                                                                                  \
-    FENCE_IF(nt);                                                                      \
 }
 
 #define EPS_UPDATE_ALL_COPIES(G, GT)                                                   \

@@ -34,10 +34,11 @@ BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
 NT_OPTION = "-DL2L_NT_STORES"  # x86 CPU devices: the device copy with streaming stores (eps.cl)
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
                 "or 'pip install pocl-binary-distribution'")
-WORK_GROUP = 256  # work-items per group; on PoCL 16 to 256 measured alike, 8 or fewer slower
+WORK_GROUP = 256  # most work-items per group; on PoCL 16 to 256 measured alike, 8 or fewer slower
+MIN_WORK_GROUP = 16
 VECTOR = 8  # elements per work-item (VW in eps.cl)
 CHECK_SPAN = 64  # vectors per work-item of eps_check (CHECK_SPAN in eps.cl)
-UPDATE_SPAN = 64  # vectors per work-item of eps_update (UPDATE_SPAN in eps.cl)
+UPDATE_SPAN = 256  # vectors per work-item of eps_update (UPDATE_SPAN in eps.cl)
 KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
 
 _PROBE = """
@@ -60,6 +61,11 @@ def kernel_source() -> str:
 
 
 def _cl():
+    # PoCL's CPU worker threads pinned one per core: on a 2-core host the EPS step then
+    # held 79-80% of the memory roofline run after run, against 63-76% unpinned (threads
+    # migrating under torch's). PoCL reads it when it first loads, so it is set before any
+    # platform query; a user's own POCL_AFFINITY wins.
+    os.environ.setdefault("POCL_AFFINITY", "1")
     try:
         import pyopencl as cl
     except ImportError:
@@ -247,8 +253,11 @@ class OpenCLBackend(EpsBackend):
         if self._task[name]:  # one work-item walks every vector (the kernels stride by the global size)
             return kernel(self.queue, (1,), (1,), *args)
         items = n // VECTOR // span + 1
-        global_size = ((items + WORK_GROUP - 1) // WORK_GROUP) * WORK_GROUP
-        return kernel(self.queue, (global_size,), (WORK_GROUP,), *args)
+        group = WORK_GROUP  # smaller groups when a layer would give the compute units too few
+        while group > MIN_WORK_GROUP and -(-items // group) < 4 * self.device.max_compute_units:
+            group //= 2
+        global_size = -(-items // group) * group
+        return kernel(self.queue, (global_size,), (group,), *args)
 
     def _gradients_in(self, grads) -> tuple[object, int, np.dtype]:
         """The K contributions as one device buffer, back to back; (buffer, k, dtype)."""
