@@ -22,8 +22,8 @@ import torch
 from ..data import Batch
 from ..eps import EagerParamServer
 from ..models import Layer, LayerStack
-from .ledger import MemoryLedger
 from .binding import WeightBinding
+from .ledger import MemoryLedger
 from .recompute import Recorder, WeightSinks
 from .rng import derive_seed, replay_rng
 from .scaler import LossScaler, scaler_for
