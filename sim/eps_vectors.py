@@ -12,7 +12,7 @@ and subnormals (``wide``), the special-value grid (``specials-<scalars>``),
 exact ties in the reduction, the products, the sums and the device copy,
 non-finite gradients (``nonfinite-<how>``) and realistic training values
 (``train``). The value generators shared with the NumPy-side suite
-(tests/test_eps_contract.py) are imported from it, so both suites draw from
+(tests/eps_oracle.py) are imported from it, so both suites draw from
 the same distributions; the tie constructions here are this module's own.
 """
 from __future__ import annotations
@@ -32,18 +32,18 @@ from l2l.eps import AdamWHyper, StepScalars  # noqa: E402
 from l2l.eps import numerics  # noqa: E402
 from l2l.eps.numerics import COPY_DTYPES  # noqa: E402
 
-from test_eps_contract import (  # noqa: E402  (tests/ on sys.path)
+from eps_oracle import (  # noqa: E402  (tests/ on sys.path)
     HYPERS,
     SPECIAL_SCALARS,
-    _bits_of,
-    _copy_tie_values,
-    _odd_f32,
-    _round_bits,
-    _specials,
+    bits_of,
+    copy_tie_values,
     custom_scalars,
     grad_array,
     nonfinite_grads,
+    odd_f32,
     product_tie_inputs,
+    round_bits,
+    specials,
     wide_f32,
     wide_grad_bits,
 )
@@ -138,7 +138,7 @@ def wide(rng, n, K, gdtype):
 def _specials_builder(sname):
     def build(rng, n, K, gdtype):
         """Random rows of the special-value grid (zeros, subnormals, tiny, huge) under one scalar set."""
-        sp, sv, sg = _specials(True), _specials(False), _specials(True, gdtype)
+        sp, sv, sg = specials(True), specials(False), specials(True, gdtype)
         pick = lambda vals: np.asarray(vals, np.uint64)[rng.integers(0, len(vals), n)]  # noqa: E731
         p, m, v = f32(pick(sp)), f32(pick(sp)), f32(pick(sv))
         grad_bits = [pick(sg) for _ in range(K)]
@@ -151,11 +151,11 @@ def ties_reduction(rng, n, K, gdtype):
     g_0 = +-2**e (1 + f), every later g_k = +-2**(e-24), half an ulp of g_0."""
     if gdtype == "fp16":
         e = rng.integers(0, 16, n)
-        g0 = _round_bits(np.ldexp(1.0 + rng.integers(0, 1024, n) / 1024.0, e), "fp16")[0]
+        g0 = round_bits(np.ldexp(1.0 + rng.integers(0, 1024, n) / 1024.0, e), "fp16")[0]
     else:
         e = rng.integers(-20, 20, n)
         fb = 23 if gdtype == "fp32" else 7
-        g0 = _round_bits(np.ldexp(1.0 + rng.integers(0, 1 << fb, n) * 2.0 ** -fb, e), "fp32")[0]
+        g0 = round_bits(np.ldexp(1.0 + rng.integers(0, 1 << fb, n) * 2.0 ** -fb, e), "fp32")[0]
         if gdtype == "bf16":
             g0 = g0 >> np.uint64(16)
     sbit = np.uint64(31 if gdtype == "fp32" else 15)
@@ -163,7 +163,7 @@ def ties_reduction(rng, n, K, gdtype):
     rest = []
     for _ in range(K - 1):
         r = np.ldexp(np.where(rng.random(n) < 0.5, -1.0, 1.0), e - 24)
-        b = _round_bits(r, "fp16" if gdtype == "fp16" else "fp32")[0]
+        b = round_bits(r, "fp16" if gdtype == "fp16" else "fp32")[0]
         rest.append(b >> np.uint64(16) if gdtype == "bf16" else b)
     p, m, v = _wide_state(rng, n)
     return Case("ties-reduction", p, m, v, [g0] + rest, gdtype, custom_scalars(inv_scale=0.5))
@@ -185,11 +185,11 @@ def ties_sums(rng, n, K, gdtype):
     sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
     # class 0: m' and v' ties
     e = rng.integers(-40, 40, n)
-    m0 = _odd_f32(rng, n, 0, 1) * np.ldexp(1.0, e)
+    m0 = odd_f32(rng, n, 0, 1) * np.ldexp(1.0, e)
     g0 = sign * np.ldexp(1.0, e - 24)
-    v0 = np.abs(_odd_f32(rng, n, 0, 1)) * np.ldexp(1.0, 2 * e - 24)
+    v0 = np.abs(odd_f32(rng, n, 0, 1)) * np.ldexp(1.0, 2 * e - 24)
     # class 1: p' tie, g = v = 0 so d = eps = 1 and p' = p - m
-    p1 = _odd_f32(rng, n, -100, 100)
+    p1 = odd_f32(rng, n, -100, 100)
     ep = np.floor(np.log2(np.abs(p1)))
     m1 = sign * np.ldexp(1.0, (ep - 24).astype(int))
     # class 2: d tie needs eps = half an ulp of sqrt(v); that is a scalar, so it is carried by
@@ -202,7 +202,7 @@ def ties_sums(rng, n, K, gdtype):
     m = np.select([sel == 0, sel == 1], [m0, m1], wide_f32(rng, n).astype(np.float64))
     v = np.select([sel == 0, sel == 1], [v0, 0.0], v2)
     g = np.where(sel == 0, g0, 0.0)
-    g_bits = _round_bits(g, "fp32")[0]
+    g_bits = round_bits(g, "fp32")[0]
     out = Case("ties-sums", p.astype(np.float32), m.astype(np.float32), v.astype(np.float32), [g_bits],
                "fp32", s)
     assert (out.v.astype(np.float64) == v).all() and (out.m.astype(np.float64) == m).all()
@@ -211,10 +211,10 @@ def ties_sums(rng, n, K, gdtype):
 
 def ties_copy(rng, n, K, gdtype):
     """p' exactly halfway for bf16 / fp16 (normal, subnormal, overflow edge): g = m = v = 0."""
-    vals = _copy_tie_values(rng, max(1, n // 3 + 1))
+    vals = copy_tie_values(rng, max(1, n // 3 + 1))
     p = vals[rng.integers(0, vals.size, n)]
     z = np.zeros(n, np.float32)
-    return Case("ties-copy", p, z.copy(), z.copy(), [_bits_of(z)], "fp32", custom_scalars(decay=1.0))
+    return Case("ties-copy", p, z.copy(), z.copy(), [bits_of(z)], "fp32", custom_scalars(decay=1.0))
 
 
 def _nonfinite_builder(how):
@@ -240,7 +240,7 @@ def train(rng, n, K, gdtype):
     lo = -6 if gdtype == "fp16" else -10
     real = rng.standard_normal((K, n)) * 10.0 ** rng.uniform(lo, 3, (K, n))
     fmt = "fp16" if gdtype == "fp16" else "fp32"
-    grad_bits = [_round_bits(r, fmt)[0] for r in real]
+    grad_bits = [round_bits(r, fmt)[0] for r in real]
     if gdtype == "bf16":
         grad_bits = [b >> np.uint64(16) for b in grad_bits]
     s = StepScalars.compute(AdamWHyper(), int(rng.integers(1, 20)),

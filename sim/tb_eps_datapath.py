@@ -586,7 +586,7 @@ async def adamw_multistep(dut):
     p0 = p.copy()
     for t in range(1, steps + 1):
         real = rng.standard_normal((K, half)) * 10.0 ** rng.uniform(-10, 3, (K, half))
-        bits = [ev._round_bits(r, "fp32")[0] for r in real]
+        bits = [ev.round_bits(r, "fp32")[0] for r in real]
         if gdtype == "bf16":
             bits = [b >> np.uint64(16) for b in bits]
         grad_bits = [np.concatenate([b, ev.wide_grad_bits(rng, n - half, gdtype)]) for b in bits]

@@ -26,12 +26,12 @@ from l2l.eps import hls_csim_backend
 from l2l.eps.numerics import COPY_DTYPES
 from l2l.eps.opencl_backend import UPDATE_SPAN, VECTOR
 
-from test_eps_contract import (  # tests/ is on sys.path under pytest
+from eps_oracle import (  # tests/ is on sys.path under pytest
     Oracle,
-    _bits_of,
-    _is_nan_bits,
     assert_bits,
+    bits_of,
     grad_array,
+    is_nan_bits,
     wide_f32,
 )
 
@@ -53,7 +53,7 @@ def new_layer() -> int:
 def _hex(a, i) -> str:
     a = np.ascontiguousarray(a)
     width = a.dtype.itemsize * 2
-    return f"0x{int(_bits_of(a)[i]):0{width}x}"
+    return f"0x{int(bits_of(a)[i]):0{width}x}"
 
 
 def assert_same(got, want, what, inputs=None):
@@ -72,10 +72,10 @@ def assert_same(got, want, what, inputs=None):
     differ = np.flatnonzero(got.view(raw) != want.view(raw))
     if differ.size == 0:
         return
-    a, e = _bits_of(got), _bits_of(want)
-    if (_is_nan_bits(a[differ], fmt) & _is_nan_bits(e[differ], fmt)).all():
+    a, e = bits_of(got), bits_of(want)
+    if (is_nan_bits(a[differ], fmt) & is_nan_bits(e[differ], fmt)).all():
         return
-    ok = (a == e) | (_is_nan_bits(a, fmt) & _is_nan_bits(e, fmt))
+    ok = (a == e) | (is_nan_bits(a, fmt) & is_nan_bits(e, fmt))
     detail = ""
     if callable(inputs):
         inputs = inputs()

@@ -1,8 +1,8 @@
 """Every non-NumPy EPS backend against the NumPy golden model, bit for bit: one suite.
 
 shared/spec/eps-numerics.md is the contract; tests/test_eps_contract.py checks the
-NumPy backend against an independent oracle, and its vector generators are reused
-here: every vector class of the contract goes through the backend under test and
+NumPy backend against an independent oracle (tests/eps_oracle.py), whose vector
+generators are reused here: every vector class of the contract goes through the backend under test and
 NumpyBackend from the same state, and p, m, v, the finite flag and the device copy
 must agree bit for bit (NaN == NaN). Also through the EagerParamServer.
 
@@ -27,24 +27,24 @@ import pytest
 from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend, StepScalars
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 
-from test_eps_contract import (  # tests/ is on sys.path under pytest
+from eps_oracle import (  # tests/ is on sys.path under pytest
     HYPERS,
     SPECIAL_SCALARS,
-    _bits_of,
-    _copy_tie_values,
-    _f32_from_bits,
-    _is_nan_bits,
-    _nonfinite_cases,
-    _odd_f32,
-    _round_bits,
-    _specials,
-    _widen,
+    bits_of,
+    copy_tie_values,
     custom_scalars,
+    f32_from_bits,
     grad_array,
+    is_nan_bits,
+    nonfinite_cases,
     nonfinite_grads,
+    odd_f32,
     product_tie_inputs,
+    round_bits,
+    specials,
     wide_f32,
     wide_grad_bits,
+    widen,
 )
 
 from eps_twin import (DTYPES, FORMS, UNDER_TEST, Twin, assert_same, grads_of, new_layer, oracle_ties, rng_for,
@@ -104,9 +104,9 @@ def test_random_wide_vectors(backend, n, K, gdtype, cdtype):
 def test_special_value_grid(backend, sname, gdtype):
     """Every combination of ±0, subnormals, tiny and huge values in p, m, v, g; every copy dtype."""
     s = SPECIAL_SCALARS[sname]
-    P, M, V, G = np.meshgrid(_specials(True), _specials(True), _specials(False),
-                             _specials(True, gdtype), indexing="ij")
-    p, m, v = (_f32_from_bits(x.reshape(-1)) for x in (P, M, V))
+    P, M, V, G = np.meshgrid(specials(True), specials(True), specials(False),
+                             specials(True, gdtype), indexing="ij")
+    p, m, v = (f32_from_bits(x.reshape(-1)) for x in (P, M, V))
     grads = grads_of([G.reshape(-1)], gdtype)
     for cdtype in DTYPES:
         tw = Twin(backend, p, m, v)
@@ -133,16 +133,16 @@ def test_every_16_bit_gradient_pattern(backend, gdtype):
     exposes g exactly (-0 becomes +0); K = 2 also adds the patterns to their reversal."""
     bits = np.arange(1 << 16, dtype=np.uint64)
     inf_bits = np.uint64(0x7F80 if gdtype == "bf16" else 0x7C00)
-    bits = bits[~_is_nan_bits(bits, gdtype) & ((bits & np.uint64(0x7FFF)) != inf_bits)]
+    bits = bits[~is_nan_bits(bits, gdtype) & ((bits & np.uint64(0x7FFF)) != inf_bits)]
     n = bits.size
-    assert np.isfinite(_widen(bits, gdtype)).all()
+    assert np.isfinite(widen(bits, gdtype)).all()
     z = np.zeros(n, np.float32)
     s = custom_scalars(b1=1.0, omb1=1.0, b2=1.0, omb2=1.0)
     rng = rng_for(backend, "16-bit", gdtype)
     tw = Twin(backend, wide_f32(rng, n), z, z)
     tw.step(grads_of([bits], gdtype), s, "fp32", f"every {gdtype} pattern", expect_finite=True)
-    np.testing.assert_array_equal(_bits_of(tw.dut.read_state(tw.layer)[1]),
-                                  _round_bits(0.0 + _widen(bits, gdtype), "fp32")[0])
+    np.testing.assert_array_equal(bits_of(tw.dut.read_state(tw.layer)[1]),
+                                  round_bits(0.0 + widen(bits, gdtype), "fp32")[0])
     tw = Twin(backend, wide_f32(rng, n), z, z)
     tw.step(grads_of([bits, bits[::-1].copy()], gdtype), custom_scalars(inv_scale=0.5), "bf16",
             f"every {gdtype} pattern, K=2")
@@ -156,7 +156,7 @@ def test_narrowing_sweep(backend, cdtype):
     dense = np.concatenate([np.arange(0x32FF0000, 0x38900000, 97, dtype=np.uint64),
                             np.arange(0x477F0000, 0x47810000, 1, dtype=np.uint64)])
     bits = np.concatenate([coarse, dense, dense | np.uint64(1 << 31)])
-    tw = Twin(backend, _f32_from_bits(bits))
+    tw = Twin(backend, f32_from_bits(bits))
     tw.write_copy(cdtype, f"narrowing sweep {cdtype}")
 
 
@@ -170,21 +170,21 @@ def _reduction_tie_bits(rng, n, K, gdtype):
     (the construction of test_eps_contract.test_ties_in_reduction)."""
     if gdtype == "fp16":
         e = rng.integers(0, 16, n)
-        g0 = _round_bits(np.ldexp(1.0 + rng.integers(0, 1024, n) / 1024.0, e), "fp16")[0]
+        g0 = round_bits(np.ldexp(1.0 + rng.integers(0, 1024, n) / 1024.0, e), "fp16")[0]
     else:
         mbits = 23 if gdtype == "fp32" else 7
         e = rng.integers(-20, 20, n)
-        g0 = _round_bits(np.ldexp(1.0 + rng.integers(0, 1 << mbits, n) * 2.0 ** -mbits, e), "fp32")[0]
+        g0 = round_bits(np.ldexp(1.0 + rng.integers(0, 1 << mbits, n) * 2.0 ** -mbits, e), "fp32")[0]
         if gdtype == "bf16":
             g0 = g0 >> np.uint64(16)
     g0 = g0 | (rng.integers(0, 2, n, dtype=np.uint64) << np.uint64(15 if gdtype != "fp32" else 31))
     sign = np.where(rng.random((K - 1, n)) < 0.5, -1.0, 1.0)
     rest = [np.ldexp(sign[k], e - 24) for k in range(K - 1)]
-    rest_bits = [_round_bits(r, "fp32" if gdtype == "bf16" else gdtype)[0] for r in rest]
+    rest_bits = [round_bits(r, "fp32" if gdtype == "bf16" else gdtype)[0] for r in rest]
     if gdtype == "bf16":
         rest_bits = [b >> np.uint64(16) for b in rest_bits]
     for b, r in zip(rest_bits, rest):
-        assert (_widen(b, gdtype) == r).all()
+        assert (widen(b, gdtype) == r).all()
     return [g0] + rest_bits
 
 
@@ -224,22 +224,22 @@ def _sum_tie_cases(rng, n):
     cases = []
     # m', v'
     e = rng.integers(-40, 40, n)
-    m = (_odd_f32(rng, n, 0, 1) * np.ldexp(1.0, e)).astype(np.float32)
+    m = (odd_f32(rng, n, 0, 1) * np.ldexp(1.0, e)).astype(np.float32)
     g = np.ldexp(np.where(rng.random(n) < 0.5, -1.0, 1.0), e - 24)
-    v = (np.abs(_odd_f32(rng, n, 0, 1)) * np.ldexp(1.0, 2 * e - 24)).astype(np.float32)
-    cases.append(("m' v'", wide_f32(rng, n), m, v, _round_bits(g, "fp32")[0], ones, ("m'", "v'")))
+    v = (np.abs(odd_f32(rng, n, 0, 1)) * np.ldexp(1.0, 2 * e - 24)).astype(np.float32)
+    cases.append(("m' v'", wide_f32(rng, n), m, v, round_bits(g, "fp32")[0], ones, ("m'", "v'")))
     # p'
-    p = _odd_f32(rng, n, -100, 100).astype(np.float32)
+    p = odd_f32(rng, n, -100, 100).astype(np.float32)
     ep = np.floor(np.log2(np.abs(p.astype(np.float64))))
     m = (np.where(rng.random(n) < 0.5, -1.0, 1.0) * np.ldexp(1.0, (ep - 24).astype(int))).astype(np.float32)
     z = np.zeros(n, np.float32)
-    cases.append(("p'", p, m, z, _bits_of(z), ones, ("p'",)))
+    cases.append(("p'", p, m, z, bits_of(z), ones, ("p'",)))
     # d
     ex = 5
     x = np.ldexp(1.0 + (rng.integers(0, 1 << 10, n) * 2 + 1) * 2.0 ** -11, ex)
     v = (x * x).astype(np.float32)
     s_d = custom_scalars(decay=1.0, b1=1.0, b2=1.0, omb2=1.0, inv_bc2_sqrt=1.0, eps=2.0 ** (ex - 24))
-    cases.append(("d", wide_f32(rng, n), wide_f32(rng, n), v, _bits_of(z), s_d, ("d",)))
+    cases.append(("d", wide_f32(rng, n), wide_f32(rng, n), v, bits_of(z), s_d, ("d",)))
     return cases
 
 
@@ -259,12 +259,12 @@ def test_ties_in_sums(backend):
 def test_ties_in_device_copy(backend, cdtype):
     """p' exactly halfway for bf16 / fp16 (normal, subnormal, the 65520 overflow edge): through
     a whole update (g = m = v = 0, decay 1: p' = p) and through write_copy."""
-    p = _copy_tie_values(rng_for(backend, "copy-ties", cdtype), 2000)
+    p = copy_tie_values(rng_for(backend, "copy-ties", cdtype), 2000)
     n = p.size
     z = np.zeros(n, np.float32)
     s = custom_scalars(decay=1.0)
     if cdtype != "fp32":
-        o = oracle_ties(p, z, z, [_bits_of(z)], "fp32", s, cdtype)
+        o = oracle_ties(p, z, z, [bits_of(z)], "fp32", s, cdtype)
         assert o.ties["copy-" + cdtype] >= (2000 if cdtype == "bf16" else 4000), o.ties
     tw = Twin(backend, p, z, z)
     tw.write_copy(cdtype, "copy ties before the update")
@@ -290,7 +290,7 @@ def test_write_copy_every_class(backend, cdtype):
     passes through OpenCL's scalar tail once, and through every vector lane)."""
     rng = rng_for(backend, "write-copy", cdtype)
     bits = np.concatenate([rng.integers(0, 1 << 32, 1 << 15, dtype=np.uint64), np.array(EXTRA_BITS, np.uint64)])
-    p = _f32_from_bits(bits)
+    p = f32_from_bits(bits)
     tw = Twin(backend, p)
     tw.write_copy(cdtype, "after allocate")
     z = np.zeros(p.size, np.float32)
@@ -299,7 +299,7 @@ def test_write_copy_every_class(backend, cdtype):
     extra = np.array(EXTRA_BITS, np.uint64)
     z = np.zeros(extra.size, np.float32)
     for r in range(extra.size):
-        tw = Twin(backend, _f32_from_bits(np.roll(extra, r)))
+        tw = Twin(backend, f32_from_bits(np.roll(extra, r)))
         tw.write_copy(cdtype, f"specials rotated by {r}")
         tw.step([z], custom_scalars(decay=1.0), cdtype, f"p' = p, specials rotated by {r}", expect_finite=True)
 
@@ -308,7 +308,7 @@ def test_write_copy_every_class(backend, cdtype):
 # non-finite gradients
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case, K, gdtype", list(_nonfinite_cases()))
+@pytest.mark.parametrize("case, K, gdtype", list(nonfinite_cases()))
 def test_nonfinite_gradient_changes_nothing(backend, case, K, gdtype):
     """finite False on both; p, m, v and the device copy untouched; the next finite step agrees
     (the finite flag is reset per step, by the device or by the host driver). The bad element
@@ -423,7 +423,7 @@ def test_unaligned_host_arrays(backend, offset):
             tw.step(block, StepScalars.compute(AdamWHyper(), t, divisor=float(K)), cdtype,
                     f"offset {offset} {gdtype}->{cdtype} t={t}", expect_finite=True, form="given", copies=copies)
             for c in craw:  # nothing written outside the view
-                assert not _bits_of(c[:offset]).any() and not _bits_of(c[offset + n:]).any()
+                assert not bits_of(c[:offset]).any() and not bits_of(c[offset + n:]).any()
 
 
 def test_bad_gradient_shape_changes_nothing(backend):
@@ -474,15 +474,15 @@ def test_read_state_round_trip(backend):
     p0 = wide_f32(rng, n)
     backend.allocate(layer, p0)
     p, m, v = backend.read_state(layer)
-    assert np.array_equal(_bits_of(p), _bits_of(p0))
-    assert not _bits_of(m).any() and not _bits_of(v).any()
+    assert np.array_equal(bits_of(p), bits_of(p0))
+    assert not bits_of(m).any() and not bits_of(v).any()
     p0[0] = 1.0  # allocate copied p
-    assert np.array_equal(_bits_of(backend.read_state(layer)[0]), _bits_of(p))
-    state = [_f32_from_bits(np.concatenate([rng.integers(0, 1 << 32, n - len(EXTRA_BITS), dtype=np.uint64),
+    assert np.array_equal(bits_of(backend.read_state(layer)[0]), bits_of(p))
+    state = [f32_from_bits(np.concatenate([rng.integers(0, 1 << 32, n - len(EXTRA_BITS), dtype=np.uint64),
                                             np.array(EXTRA_BITS, np.uint64)])) for _ in range(3)]
     backend.write_state(layer, *state)
     for got, want, name in zip(backend.read_state(layer), state, "pmv"):
-        assert got.dtype == np.float32 and np.array_equal(_bits_of(got), _bits_of(want)), name
+        assert got.dtype == np.float32 and np.array_equal(bits_of(got), bits_of(want)), name
     got = backend.read_state(layer)
     got[0][...] = 0  # read_state hands out copies
     with pytest.raises(ValueError):
@@ -490,7 +490,7 @@ def test_read_state_round_trip(backend):
     with pytest.raises(ValueError):
         backend.write_state(layer, state[0][:-1], state[1], state[2])
     for got, want, name in zip(backend.read_state(layer), state, "pmv"):
-        assert np.array_equal(_bits_of(got), _bits_of(want)), f"{name} changed by a rejected write_state"
+        assert np.array_equal(bits_of(got), bits_of(want)), f"{name} changed by a rejected write_state"
     # and the loaded state updates like NumPy's (NaN and inf in the state included)
     tw = Twin(backend, state[0], state[1], state[2])
     tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], StepScalars.compute(AdamWHyper(), 3), "fp16",

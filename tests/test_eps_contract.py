@@ -1,34 +1,16 @@
 """The NumPy EPS (the golden model) against an independent evaluation of the contract.
 
-shared/spec/eps-numerics.md is the contract. The oracle below evaluates it by a
-different route than l2l.eps.numerics:
-
-* every binary32 operation is evaluated in binary64 (NumPy float64) and then
-  rounded to binary32 by integer manipulation of the binary64 bit pattern
-  (``_round_bits``), never by a NumPy or ml_dtypes cast. Double rounding
-  (exact -> binary64 -> binary32) is innocuous here: binary64 has 53 >= 2*24 + 2
-  significand bits, and for ``+ - * / sqrt`` of binary32 operands the binary64
-  result can never land exactly on a binary32 midpoint unless the exact result
-  is that midpoint (Figueroa 1995). Products of two binary32 values are exact in
-  binary64 (48 bits, exponent range far inside binary64's); sums whose result
-  is binary32-subnormal are exact (multiples of 2**-149 below 2**-126); a
-  quotient or square root differs from any <= 25-bit midpoint by far more
-  than 2**-53 relative. So subnormal results round correctly too.
-* bfloat16 rounding is done on the uint32 pattern (add 0x7fff + lsb, shift),
-  binary16 rounding by the same bit-level rounder as binary32 with the
-  binary16 parameters, and both are checked against Python's ``struct``.
-* bfloat16 / binary16 gradients are widened by decoding their bit patterns.
-
-Results are compared as bit patterns; NaNs compare as "both NaN".
+shared/spec/eps-numerics.md is the contract; tests/eps_oracle.py evaluates it
+by another route (binary64 arithmetic and integer rounding, never a NumPy
+cast) and generates its vector classes. Results are compared as bit patterns;
+NaNs compare as "both NaN".
 """
 from __future__ import annotations
 
-import collections
 import math
 import struct
 import zlib
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -36,218 +18,33 @@ from l2l.eps import AdamWHyper, NumpyBackend, StepScalars
 from l2l.eps import numerics
 from l2l.eps.numerics import CHUNK, COPY_DTYPES, GRAD_DTYPES
 
+from eps_oracle import (  # tests/ is on sys.path under pytest
+    HYPERS,
+    SPECIAL_SCALARS,
+    Oracle,
+    assert_bits,
+    assert_f32,
+    bf16_bits_from_f32_bits,
+    bits_of,
+    copy_tie_values,
+    custom_scalars,
+    f32_from_bits,
+    f32_value,
+    grad_array,
+    is_nan_bits,
+    nonfinite_cases,
+    nonfinite_grads,
+    odd_f32,
+    product_tie_inputs,
+    round_bits,
+    specials,
+    wide_f32,
+    wide_grad_bits,
+    widen,
+)
+
 # Overflow, inf and NaN are contract behaviour here; NumPy's RuntimeWarnings about them are noise.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
-
-# --------------------------------------------------------------------------
-# The oracle
-# --------------------------------------------------------------------------
-
-# (mantissa bits, emin, exponent bits, total bits)
-FMT = {"fp32": (23, -126, 8, 32), "fp16": (10, -14, 5, 16), "bf16": (7, -126, 8, 16)}
-UINT = {32: np.uint32, 16: np.uint16}
-
-
-def _round_bits(x, fmt: str):
-    """Round float64 ``x`` to ``fmt`` nearest-even by integer arithmetic.
-
-    Returns (bit patterns as uint64, mask of exact ties). Overflow gives inf
-    with the sign of ``x``; subnormal results are kept; NaN stays NaN.
-    """
-    mbits, emin, ebits, total = FMT[fmt]
-    x = np.ascontiguousarray(np.asarray(x, dtype=np.float64)).reshape(-1)
-    b = x.view(np.uint64)
-    sign = b >> np.uint64(63)
-    E = ((b >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)
-    frac = b & np.uint64((1 << 52) - 1)
-    inf_bits = ((1 << ebits) - 1) << mbits
-    is_nan = (E == 0x7FF) & (frac != 0)
-    is_inf = (E == 0x7FF) & (frac == 0)
-    # binary64 subnormals (< 2**-1022) are far below half the smallest target subnormal
-    fin = (E != 0x7FF) & (E != 0)
-    M = frac | np.uint64(1 << 52)                      # x = M * 2**(E - 1075)
-    e = E - 1023                                       # unbiased exponent of x
-    q = np.maximum(e - mbits, emin - mbits)            # exponent of the target quantum
-    s = np.clip(q - (E - 1075), 1, 63).astype(np.uint64)  # bits to discard (>= 29 for finite)
-    R = M >> s
-    rem = M & ((np.uint64(1) << s) - np.uint64(1))
-    half = np.uint64(1) << (s - np.uint64(1))
-    up = (rem > half) | ((rem == half) & ((R & np.uint64(1)) == 1))
-    R = R + up.astype(np.uint64)
-    # one formula for normal and subnormal results; a carry bumps the exponent
-    bits = (np.maximum(q - (emin - mbits), 0).astype(np.uint64) << np.uint64(mbits)) + R
-    bits = np.minimum(bits, np.uint64(inf_bits))       # overflow -> inf
-    out = np.where(fin, bits, np.uint64(0))
-    out = np.where(is_inf, np.uint64(inf_bits), out)
-    out = np.where(is_nan, np.uint64(inf_bits | (1 << (mbits - 1))), out)
-    out = out | (sign << np.uint64(total - 1))
-    ties = fin & (rem == half)
-    return out, ties
-
-
-def _bf16_bits_from_f32_bits(u):
-    """bfloat16 nearest-even from binary32 bit patterns, on the integer pattern."""
-    u = np.asarray(u).astype(np.uint64)
-    nan = (u & np.uint64(0x7FFFFFFF)) > np.uint64(0x7F800000)
-    lsb = (u >> np.uint64(16)) & np.uint64(1)
-    r = ((u + np.uint64(0x7FFF) + lsb) >> np.uint64(16)) & np.uint64(0xFFFF)  # overflow -> inf
-    r = np.where(nan, ((u >> np.uint64(16)) | np.uint64(0x40)) & np.uint64(0xFFFF), r)
-    ties = ~nan & ((u & np.uint64(0xFFFF)) == np.uint64(0x8000))
-    return r, ties
-
-
-def _f32_value(bits):
-    """binary32 bit patterns -> float64 values (widening is exact; signalling NaNs come out quiet)."""
-    with np.errstate(invalid="ignore"):
-        return np.asarray(bits).astype(np.uint32).view(np.float32).astype(np.float64)
-
-
-def _widen(bits, gdtype: str):
-    """Decode gradient bit patterns (fp32/bf16/fp16) to float64, exactly."""
-    bits = np.asarray(bits)
-    if gdtype == "fp32":
-        return _f32_value(bits)
-    if gdtype == "bf16":
-        return _f32_value(bits.astype(np.uint32) << np.uint32(16))
-    assert gdtype == "fp16"
-    b = bits.astype(np.int64)
-    sign = np.where(b >> 15, -1.0, 1.0)
-    ex = (b >> 10) & 0x1F
-    man = b & 0x3FF
-    mag = np.ldexp((man + np.where(ex > 0, 1024, 0)).astype(np.float64), np.maximum(ex, 1) - 25)
-    mag = np.where(ex == 0x1F, np.where(man == 0, np.inf, np.nan), mag)
-    return sign * mag
-
-
-def _is_nan_bits(bits, fmt):
-    mbits, _, ebits, total = FMT[fmt]
-    inf_bits = ((1 << ebits) - 1) << mbits
-    return (np.asarray(bits).astype(np.uint64) & np.uint64((1 << (total - 1)) - 1)) > np.uint64(inf_bits)
-
-
-class Oracle:
-    """The contract, one binary64 operation + one bit-level rounding at a time."""
-
-    def __init__(self) -> None:
-        self.ties: collections.Counter = collections.Counter()
-
-    def r(self, x, op: str):
-        bits, ties = _round_bits(x, "fp32")
-        self.ties[op] += int(ties.sum())
-        return _f32_value(bits)
-
-    def reduce(self, grad_bits, gdtype: str, inv_scale):
-        acc = _widen(grad_bits[0], gdtype)
-        with np.errstate(all="ignore"):
-            for gb in grad_bits[1:]:
-                acc = self.r(acc + _widen(gb, gdtype), "acc")
-            g = self.r(acc * float(inv_scale), "g")
-        return g, bool(np.isfinite(g).all())
-
-    def adamw(self, p, m, v, g, s: StepScalars):
-        r = self.r
-        f = {k: float(val) for k, val in zip(StepScalars.names(), s.as_tuple())}
-        with np.errstate(all="ignore"):
-            p1 = r(p * f["decay"], "p1")
-            b1m = r(f["b1"] * m, "b1m")
-            omb1g = r(f["omb1"] * g, "omb1g")
-            m2 = r(b1m + omb1g, "m'")
-            gg = r(g * g, "gg")
-            omb2gg = r(f["omb2"] * gg, "omb2gg")
-            b2v = r(f["b2"] * v, "b2v")
-            v2 = r(b2v + omb2gg, "v'")
-            sq = r(np.sqrt(v2), "sqrt")
-            sc = r(sq * f["inv_bc2_sqrt"], "sc")
-            d = r(sc + f["eps"], "d")
-            qt = r(m2 / d, "q")
-            ns = r(f["neg_step"] * qt, "ns")
-            p2 = r(p1 + ns, "p'")
-        return p2, m2, v2
-
-    def copy_bits(self, p, cdtype: str):
-        if cdtype == "bf16":
-            f32bits, _ = _round_bits(p, "fp32")  # identity on binary32 values
-            bits, ties = _bf16_bits_from_f32_bits(f32bits)
-        else:
-            bits, ties = _round_bits(p, cdtype)
-        self.ties["copy-" + cdtype] += int(ties.sum())
-        return bits
-
-
-# --------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------
-
-
-def _bits_of(arr):
-    arr = np.ascontiguousarray(arr)
-    return arr.view(UINT[arr.dtype.itemsize * 8]).astype(np.uint64)
-
-
-def assert_bits(actual, expected_bits, fmt: str, what: str):
-    """``actual`` (an array of ``fmt``) equals ``expected_bits``; NaN == NaN."""
-    a = _bits_of(actual).reshape(-1)
-    e = np.asarray(expected_bits, dtype=np.uint64).reshape(-1)
-    assert a.shape == e.shape, (what, a.shape, e.shape)
-    ok = (a == e) | (_is_nan_bits(a, fmt) & _is_nan_bits(e, fmt))
-    if not ok.all():
-        bad = np.flatnonzero(~ok)
-        width = FMT[fmt][3] // 4
-        rows = [f"  [{i}] got 0x{int(a[i]):0{width}x} expected 0x{int(e[i]):0{width}x}" for i in bad[:8]]
-        raise AssertionError(f"{what}: {bad.size} of {a.size} elements differ\n" + "\n".join(rows))
-
-
-def assert_f32(actual, expected_values, what):
-    bits, _ = _round_bits(expected_values, "fp32")  # exact: the values are binary32
-    assert_bits(actual, bits, "fp32", what)
-
-
-def _f32_from_bits(bits):
-    return np.asarray(bits, dtype=np.uint64).astype(np.uint32).view(np.float32)
-
-
-def grad_array(bits, gdtype):
-    """The implementation's view of gradient bit patterns."""
-    if gdtype == "fp32":
-        return np.asarray(bits, np.uint64).astype(np.uint32).view(np.float32)
-    b = np.asarray(bits, np.uint64).astype(np.uint16)
-    return b.view(ml_dtypes.bfloat16) if gdtype == "bf16" else b.view(np.float16)
-
-
-def wide_f32(rng, n, *, nonneg=False, max_abs=3.4e38):
-    """binary32 values over every binade from subnormals up to ``max_abs``, both signs."""
-    kind = rng.integers(0, 5, n)
-    logu = 10.0 ** rng.uniform(-45.5, math.log10(max_abs), n)
-    max_bits = int(np.float32(max_abs).view(np.uint32))
-    anybits = _f32_value(rng.integers(0, max_bits, n, dtype=np.uint64))
-    subn = _f32_value(rng.integers(1, 1 << 23, n, dtype=np.uint64))
-    ordinary = rng.standard_normal(n) * 10.0 ** rng.integers(-4, 3, n)
-    x = np.select([kind == 0, kind == 1, kind == 2, kind == 3], [logu, anybits, subn, ordinary], 0.0)
-    if nonneg:
-        x = np.abs(x)
-    else:
-        x = x * np.where(rng.random(n) < 0.5, -1.0, 1.0)  # zeros of both signs too
-    return np.asarray(x, dtype=np.float64).astype(np.float32)  # inputs only; not part of the oracle
-
-
-def wide_grad_bits(rng, n, gdtype, *, max_abs=1e37):
-    """Finite gradient bit patterns of ``gdtype`` over its binades (zeros, subnormals too)."""
-    if gdtype == "fp32":
-        return _bits_of(wide_f32(rng, n, max_abs=max_abs))
-    if gdtype == "bf16":
-        return _bits_of(wide_f32(rng, n, max_abs=max_abs)) >> np.uint64(16)  # truncation: inputs only
-    bits = rng.integers(0, 0x7C00, n, dtype=np.uint64)  # every finite fp16 magnitude
-    kind = rng.random(n)
-    bits = np.where(kind < 0.1, np.uint64(0), bits)                                   # zeros
-    bits = np.where((kind >= 0.1) & (kind < 0.2), rng.integers(1, 0x400, n, dtype=np.uint64), bits)  # subnormals
-    return bits | (rng.integers(0, 2, n, dtype=np.uint64) << np.uint64(15))
-
-
-def custom_scalars(**kw) -> StepScalars:
-    base = dict(decay=1.0, b1=0.9, omb1=0.1, b2=0.999, omb2=0.001, inv_bc2_sqrt=1.0,
-                eps=1e-8, neg_step=-1e-3, inv_scale=1.0)
-    base.update(kw)
-    return StepScalars(**{k: np.float32(v) for k, v in base.items()})
 
 
 def run_backend(p, m, v, grads, s, cdtype, layer=0):
@@ -293,7 +90,7 @@ def test_oracle_rounding_against_struct():
          1 + 3 * 2.0 ** -24, -(1 + 2.0 ** -24), 3.4028234663852886e38, 2.0 ** 128 - 2.0 ** 103,
          2.0 ** 128 - 2.0 ** 104 + 1e20, 0.0, -0.0, 1e-300]
     xs += f
-    bits, _ = _round_bits(xs, "fp32")
+    bits, _ = round_bits(xs, "fp32")
     for x, b in zip(xs, bits):
         try:
             want = struct.unpack("<I", struct.pack("<f", x))[0]
@@ -301,13 +98,13 @@ def test_oracle_rounding_against_struct():
             want = 0x7F800000 | (0x80000000 if x < 0 else 0)
         assert int(b) == want, (x, hex(int(b)), hex(want))
     # binary32 -> binary16: every class, halfway cases included
-    ys = list(_f32_value(rng.integers(0, 1 << 32, 4000, dtype=np.uint64)))
+    ys = list(f32_value(rng.integers(0, 1 << 32, 4000, dtype=np.uint64)))
     ys += [65504.0, 65519.0, 65520.0, 65536.0, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -26,
            1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 2.0 ** -14 - 2.0 ** -25, -65520.0]
-    bits, _ = _round_bits(ys, "fp16")
+    bits, _ = round_bits(ys, "fp16")
     for y, b in zip(ys, bits):
         if math.isnan(y):
-            assert _is_nan_bits(b, "fp16"), y
+            assert is_nan_bits(b, "fp16"), y
             continue
         try:
             want = struct.unpack("<H", struct.pack("<e", y))[0]
@@ -318,25 +115,16 @@ def test_oracle_rounding_against_struct():
     cases = {0x3F808000: 0x3F80, 0x3F818000: 0x3F82, 0x3F808001: 0x3F81, 0x7F7FFFFF: 0x7F80,
              0xFF7FFFFF: 0xFF80, 0x00008000: 0x0000, 0x00018000: 0x0002, 0x80007FFF: 0x8000,
              0x7F800000: 0x7F80, 0x7F7F8000: 0x7F80, 0x7F7E8000: 0x7F7E}
-    got, _ = _bf16_bits_from_f32_bits(np.array(list(cases), np.uint64))
+    got, _ = bf16_bits_from_f32_bits(np.array(list(cases), np.uint64))
     assert [int(x) for x in got] == list(cases.values())
-    nan, _ = _bf16_bits_from_f32_bits(np.array([0x7F800001, 0xFFC00000], np.uint64))
-    assert _is_nan_bits(nan, "bf16").all()
+    nan, _ = bf16_bits_from_f32_bits(np.array([0x7F800001, 0xFFC00000], np.uint64))
+    assert is_nan_bits(nan, "bf16").all()
     # fp16 widening against struct
     hb = np.arange(1 << 16, dtype=np.uint64)
-    w = _widen(hb, "fp16")
+    w = widen(hb, "fp16")
     for i in range(0, 1 << 16, 97):
         want = struct.unpack("<e", struct.pack("<H", i))[0]
         assert (math.isnan(want) and math.isnan(w[i])) or w[i] == want, i
-
-
-# --------------------------------------------------------------------------
-# step scalars
-# --------------------------------------------------------------------------
-
-HYPERS = [AdamWHyper(), AdamWHyper(lr=3e-4, beta1=0.95, beta2=0.98, eps=1e-6, weight_decay=0.1),
-          AdamWHyper(lr=0.1, beta1=0.5, beta2=0.9999, eps=1e-12, weight_decay=0.0),
-          AdamWHyper(lr=1.7e-5, beta1=0.0, beta2=0.0, eps=1e-30, weight_decay=1e-4)]
 
 
 def _scalars_oracle(h: AdamWHyper, t: int, loss_scale: float, divisor: float) -> dict:
@@ -353,7 +141,7 @@ def _scalars_oracle(h: AdamWHyper, t: int, loss_scale: float, divisor: float) ->
         "neg_step": -f64(h.lr) / (one - np.power(f64(h.beta1), f64(t))),
         "inv_scale": one / (f64(loss_scale) * f64(divisor)),
     }
-    return {k: int(_round_bits(v, "fp32")[0][0]) for k, v in vals.items()}
+    return {k: int(round_bits(v, "fp32")[0][0]) for k, v in vals.items()}
 
 
 @pytest.mark.parametrize("hi", range(len(HYPERS)))
@@ -404,46 +192,16 @@ def test_random_wide_vectors(n, K, gdtype, cdtype):
     check_step(p, m, v, grad_bits, gdtype, s, cdtype, what=f"n={n} K={K} {gdtype}->{cdtype}")
 
 
-def _specials(signed: bool, fmt="fp32"):
-    if fmt == "fp32":
-        mags = [0.0, 2.0 ** -149, 0x400000 * 2.0 ** -149, 0x7FFFFF * 2.0 ** -149, 2.0 ** -126,
-                1.0, 1e-20, 1e20, 3.4028234663852886e38, 1.5e-40]
-    elif fmt == "bf16":
-        mags = [0.0, 2.0 ** -133, 2.0 ** -127, 2.0 ** -126, 1.0, 2.0 ** -60, 2.0 ** 60, 3.3895313892515355e38]
-    else:
-        mags = [0.0, 2.0 ** -24, 2.0 ** -15, 1023 * 2.0 ** -24, 2.0 ** -14, 1.0, 65504.0, 0.0078125]
-    vals = [m for m in mags] + ([-m for m in mags] if signed else [])
-    if fmt == "fp32":
-        return _round_bits(vals, "fp32")[0]
-    return _round_bits(vals, fmt)[0] if fmt == "fp16" else _bf16_bits_from_f32_bits(_round_bits(vals, "fp32")[0])[0]
-
-
-SPECIAL_SCALARS = {
-    "default-t1": StepScalars.compute(AdamWHyper(), 1),
-    "big-t1000": StepScalars.compute(AdamWHyper(lr=0.1, weight_decay=0.1), 1000, 1024.0, 2.0),
-    "no-decay": StepScalars.compute(AdamWHyper(weight_decay=0.0), 3),
-    "subnormal-eps": custom_scalars(eps=2.0 ** -149, inv_bc2_sqrt=2.0 ** -20, neg_step=-1e-30),
-    "zero-eps": custom_scalars(eps=0.0, decay=0.5, b1=1.0, omb1=2.0 ** -100),
-}
-
-
 @pytest.mark.parametrize("gdtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("sname", list(SPECIAL_SCALARS))
 def test_special_value_grid(sname, gdtype):
     """Every combination of zeros (both signs), subnormals, tiny/huge values in p, m, v, g."""
     s = SPECIAL_SCALARS[sname]
-    P, M, V, G = np.meshgrid(_specials(True), _specials(True), _specials(False),
-                             _specials(True, gdtype), indexing="ij")
-    p, m, v = (_f32_from_bits(x.reshape(-1)) for x in (P, M, V))
+    P, M, V, G = np.meshgrid(specials(True), specials(True), specials(False),
+                             specials(True, gdtype), indexing="ij")
+    p, m, v = (f32_from_bits(x.reshape(-1)) for x in (P, M, V))
     cdtype = {"fp32": "bf16", "bf16": "fp16", "fp16": "fp32"}[gdtype]
     check_step(p, m, v, [G.reshape(-1)], gdtype, s, cdtype, what=f"specials {sname} {gdtype}")
-
-
-def _odd_f32(rng, n, lo_exp, hi_exp, max_frac_bits=1 << 21):
-    """Values 2**e * (1 + j * 2**-23) with j odd: half the ulp is the lowest product bit."""
-    j = rng.integers(0, max_frac_bits // 2, n) * 2 + 1
-    e = rng.integers(lo_exp, hi_exp, n)
-    return np.ldexp(1.0 + j * 2.0 ** -23, e) * np.where(rng.random(n) < 0.5, -1.0, 1.0)
 
 
 @pytest.mark.parametrize("gdtype", ["fp32", "bf16", "fp16"])
@@ -454,38 +212,28 @@ def test_ties_in_reduction(K, gdtype):
     n = 1000
     if gdtype == "fp16":
         e = rng.integers(0, 16, n)
-        g0 = _round_bits(np.ldexp(1.0 + rng.integers(0, 1024, n) / 1024.0, e), "fp16")[0]
+        g0 = round_bits(np.ldexp(1.0 + rng.integers(0, 1024, n) / 1024.0, e), "fp16")[0]
     else:
         e = rng.integers(-20, 20, n)
         mant = rng.integers(0, 1 << (23 if gdtype == "fp32" else 7), n) * 2.0 ** -(23 if gdtype == "fp32" else 7)
-        g0 = _round_bits(np.ldexp(1.0 + mant, e), "fp32")[0]
+        g0 = round_bits(np.ldexp(1.0 + mant, e), "fp32")[0]
         if gdtype == "bf16":
             g0 = g0 >> np.uint64(16)
     g0 = g0 | (rng.integers(0, 2, n, dtype=np.uint64) << np.uint64(15 if gdtype != "fp32" else 31))
     sign = np.where(rng.random((K - 1, n)) < 0.5, -1.0, 1.0)
     rest = [np.ldexp(sign[k], e - 24) for k in range(K - 1)]  # half an ulp of g0
     fmt = "fp32" if gdtype == "bf16" else gdtype
-    rest_bits = [_round_bits(r, fmt)[0] for r in rest]
+    rest_bits = [round_bits(r, fmt)[0] for r in rest]
     if gdtype == "bf16":
         rest_bits = [b >> np.uint64(16) for b in rest_bits]
     for b, r in zip(rest_bits, rest):  # the half-ulps are exact in the gradient format
-        assert (_widen(b, gdtype) == r).all()
+        assert (widen(b, gdtype) == r).all()
     p = wide_f32(rng, n)
     m = wide_f32(rng, n)
     v = wide_f32(rng, n, nonneg=True)
     s = custom_scalars(inv_scale=0.5)
     o = check_step(p, m, v, [g0] + rest_bits, gdtype, s, "fp32", what=f"reduction ties K={K} {gdtype}")
     assert o.ties["acc"] >= n // 3, o.ties
-
-
-def product_tie_inputs(rng, n):
-    """p, m, v, g and scalars whose products land exactly halfway: factor 1.5 times odd significands."""
-    p = _odd_f32(rng, n, -120, 120).astype(np.float32)
-    m = _odd_f32(rng, n, -120, 120).astype(np.float32)
-    v = np.abs(_odd_f32(rng, n, -120, 120)).astype(np.float32)
-    g = _round_bits(_odd_f32(rng, n, -60, 60), "fp32")[0]
-    s = custom_scalars(decay=1.5, b1=1.5, omb1=1.5, b2=1.5, omb2=0.75, inv_bc2_sqrt=1.5, neg_step=-1.5)
-    return p, m, v, g, s
 
 
 def test_ties_in_products():
@@ -504,19 +252,19 @@ def test_ties_in_sums():
     o = Oracle()
     # m' = m + g and v' = v + g*g with g half an ulp of m, and g*g half an ulp of v
     e = rng.integers(-40, 40, n)
-    m = (_odd_f32(rng, n, 0, 1) * np.ldexp(1.0, e)).astype(np.float32)
+    m = (odd_f32(rng, n, 0, 1) * np.ldexp(1.0, e)).astype(np.float32)
     g = np.ldexp(np.where(rng.random(n) < 0.5, -1.0, 1.0), e - 24)
-    v = (np.abs(_odd_f32(rng, n, 0, 1)) * np.ldexp(1.0, 2 * e - 24)).astype(np.float32)
+    v = (np.abs(odd_f32(rng, n, 0, 1)) * np.ldexp(1.0, 2 * e - 24)).astype(np.float32)
     p = wide_f32(rng, n)
     s = custom_scalars(decay=1.0, b1=1.0, omb1=1.0, b2=1.0, omb2=1.0, inv_bc2_sqrt=1.0, eps=1.0, neg_step=-1.0)
-    check_step(p, m, v, [_round_bits(g, "fp32")[0]], "fp32", s, "fp16", oracle=o, what="sum ties m', v'")
+    check_step(p, m, v, [round_bits(g, "fp32")[0]], "fp32", s, "fp16", oracle=o, what="sum ties m', v'")
     assert o.ties["m'"] >= n // 3 and o.ties["v'"] >= n // 3, o.ties
     # p' = p + (-m) with g = 0, v = 0 (so d = eps = 1): m = -(half an ulp of p)
-    p = _odd_f32(rng, n, -100, 100).astype(np.float32)
+    p = odd_f32(rng, n, -100, 100).astype(np.float32)
     ep = np.floor(np.log2(np.abs(p.astype(np.float64))))
     m = (np.where(rng.random(n) < 0.5, -1.0, 1.0) * np.ldexp(1.0, (ep - 24).astype(int))).astype(np.float32)
     z = np.zeros(n, np.float32)
-    check_step(p, m, z, [_bits_of(z)], "fp32", s, "bf16", oracle=o, what="sum ties p'")
+    check_step(p, m, z, [bits_of(z)], "fp32", s, "bf16", oracle=o, what="sum ties p'")
     assert o.ties["p'"] >= n // 3, o.ties
     # d = sqrt(v) + eps: v = x*x exact with x of 12 significant bits, eps half an ulp of x
     ex = 5
@@ -525,35 +273,20 @@ def test_ties_in_sums():
     v = (x * x).astype(np.float32)
     assert (v.astype(np.float64) == x * x).all()
     s_d = custom_scalars(decay=1.0, b1=1.0, b2=1.0, omb2=1.0, inv_bc2_sqrt=1.0, eps=2.0 ** (ex - 24))
-    check_step(wide_f32(rng, n), wide_f32(rng, n), v, [_bits_of(z)], "fp32", s_d, "fp32", oracle=o,
+    check_step(wide_f32(rng, n), wide_f32(rng, n), v, [bits_of(z)], "fp32", s_d, "fp32", oracle=o,
                what="sum ties d")
     assert o.ties["d"] >= n // 2, o.ties
-
-
-def _copy_tie_values(rng, n):
-    """binary32 values exactly halfway for bf16 (low 16 bits 0x8000) and for fp16 (normal,
-    subnormal and the overflow boundary 65520)."""
-    bf = (rng.integers(0, 0x7F7F, n, dtype=np.uint64) << np.uint64(16)) | np.uint64(0x8000)
-    e = rng.integers(-14, 16, n)
-    j = rng.integers(0, 1 << 10, n)
-    fp = np.ldexp(1.0 + j / 1024.0 + 2.0 ** -11, e)                   # normal fp16 halfway
-    sub = np.ldexp(rng.integers(0, 1 << 10, n) + 0.5, -24)            # fp16 subnormal halfway
-    edge = np.array([65520.0, 65519.99609375, 65504.0 + 8.0, 2.0 ** -25, 3 * 2.0 ** -25,
-                     2.0 ** -14 - 2.0 ** -25, 65536.0, 1e10])
-    vals = np.concatenate([_f32_value(bf), fp, sub, edge])
-    vals = vals * np.where(rng.random(vals.size) < 0.5, -1.0, 1.0)
-    return vals.astype(np.float32)
 
 
 @pytest.mark.parametrize("cdtype", ["bf16", "fp16", "fp32"])
 def test_ties_in_device_copy(cdtype):
     """p' whose discarded bits are exactly half, through a whole update (p' = p) and device_copy."""
     rng = np.random.default_rng(13)
-    p = _copy_tie_values(rng, 2000)
+    p = copy_tie_values(rng, 2000)
     n = p.size
     z = np.zeros(n, np.float32)
     s = custom_scalars(decay=1.0)  # g = m = v = 0: p' = p + (-0) = p
-    o = check_step(p, z, z, [_bits_of(z)], "fp32", s, cdtype, what=f"copy ties {cdtype}")
+    o = check_step(p, z, z, [bits_of(z)], "fp32", s, cdtype, what=f"copy ties {cdtype}")
     if cdtype != "fp32":
         assert o.ties["copy-" + cdtype] >= (2000 if cdtype == "bf16" else 4000), o.ties
     out = np.empty(n, COPY_DTYPES[cdtype])
@@ -570,10 +303,10 @@ def test_device_copy_every_class(cdtype):
              0x477FEFFF, 0x477FF000, 0x477FF001, 0xC77FF000, 0x33000000, 0x33000001, 0x1,
              0x807FFFFF, 0x387FC000, 0x38800000, 0x7F7F8000, 0x7F7F7FFF]
     bits = np.concatenate([bits, np.array(extra, np.uint64)])
-    p = _f32_from_bits(bits)
+    p = f32_from_bits(bits)
     out = np.empty(p.size, COPY_DTYPES[cdtype])
     numerics.device_copy(p, out)
-    assert_bits(out, Oracle().copy_bits(_f32_value(bits), cdtype), cdtype, f"device_copy {cdtype}")
+    assert_bits(out, Oracle().copy_bits(f32_value(bits), cdtype), cdtype, f"device_copy {cdtype}")
 
 
 def test_device_copy_rejects_other_dtypes():
@@ -590,57 +323,7 @@ def test_reduce_gradients_rejects_bad_input():
         numerics.reduce_gradients([np.zeros(5, np.float32)], np.float32(1), out)
 
 
-# --------------------------------------------------------------------------
-# non-finite gradients
-# --------------------------------------------------------------------------
-
-_INF = {"fp32": 0x7F800000, "bf16": 0x7F80, "fp16": 0x7C00}
-_NAN = {"fp32": 0x7FC00000, "bf16": 0x7FC0, "fp16": 0x7E00}
-_SIGN = {"fp32": 1 << 31, "bf16": 1 << 15, "fp16": 1 << 15}
-_MAX = {"fp32": 0x7F7FFFFF, "bf16": 0x7F7F, "fp16": 0x7BFF}
-
-
-def nonfinite_grads(rng, n, case, K, gdtype, i):
-    """Gradient bit patterns whose reduced g is non-finite at element ``i`` (and the scalars)."""
-    grad_bits = [wide_grad_bits(rng, n, gdtype, max_abs=1e30) for _ in range(K)]
-    s = StepScalars.compute(AdamWHyper(), 1, divisor=float(K))
-    if case == "+inf":
-        grad_bits[K - 1][i] = _INF[gdtype]
-    elif case == "-inf":
-        grad_bits[0][i] = _INF[gdtype] | _SIGN[gdtype]
-    elif case == "nan":
-        grad_bits[K // 2][i] = _NAN[gdtype]
-    elif case == "inf-inf":
-        grad_bits[0][i] = _INF[gdtype]
-        grad_bits[1][i] = _INF[gdtype] | _SIGN[gdtype]
-    elif case == "sum-overflow":
-        for gb in grad_bits:
-            gb[i] = _MAX[gdtype]
-        s = custom_scalars(inv_scale=1.0)
-    else:  # scale-overflow, at element i only: every other element is a zero
-        for gb in grad_bits:
-            gb &= np.uint64(_SIGN[gdtype])
-        grad_bits[0][i] = _MAX[gdtype]
-        s = custom_scalars(inv_scale=3e38)
-    assert not Oracle().reduce(grad_bits, gdtype, s.inv_scale)[1]
-    return grad_bits, s
-
-
-
-def _nonfinite_cases():
-    """Every (case, K, dtype) that can happen: inf-inf needs two contributions,
-    and only a sum of several fp32/bf16 values can overflow binary32."""
-    for case in ["+inf", "-inf", "nan", "inf-inf", "sum-overflow", "scale-overflow"]:
-        for K in [1, 2, 4]:
-            for gdtype in ["fp32", "bf16", "fp16"]:
-                if case == "inf-inf" and K == 1:
-                    continue
-                if case == "sum-overflow" and (K == 1 or gdtype == "fp16"):
-                    continue
-                yield case, K, gdtype
-
-
-@pytest.mark.parametrize("case, K, gdtype", list(_nonfinite_cases()))
+@pytest.mark.parametrize("case, K, gdtype", list(nonfinite_cases()))
 def test_nonfinite_gradient_changes_nothing(case, K, gdtype):
     rng = np.random.default_rng(K)
     n = 37
@@ -659,7 +342,7 @@ def test_nonfinite_gradient_changes_nothing(case, K, gdtype):
     assert be.step(3, grads, s, copy) is False
     p_, m_, v_ = be.read_state(3)
     for got, want, name in ((p_, p, "p"), (m_, m, "m"), (v_, v, "v")):
-        assert_bits(got, _bits_of(want), "fp32", f"{case}: {name} changed")
+        assert_bits(got, bits_of(want), "fp32", f"{case}: {name} changed")
     assert (copy.view(np.uint16) == 0x1234).all(), "device copy was written"
 
 
@@ -686,10 +369,10 @@ def test_long_run(gdtype, K, cdtype):
     for t in range(1, steps + 1):
         if gdtype == "fp16":
             real = rng.standard_normal((K, half)) * 10.0 ** rng.uniform(-6, 3, (K, half))
-            real_bits = [_round_bits(r, "fp16")[0] for r in real]
+            real_bits = [round_bits(r, "fp16")[0] for r in real]
         else:
             real = rng.standard_normal((K, half)) * 10.0 ** rng.uniform(-10, 3, (K, half))
-            real_bits = [_round_bits(r, "fp32")[0] for r in real]
+            real_bits = [round_bits(r, "fp32")[0] for r in real]
             if gdtype == "bf16":
                 real_bits = [b >> np.uint64(16) for b in real_bits]
         grad_bits = [np.concatenate([rb, wide_grad_bits(rng, n - half, gdtype)]) for rb in real_bits]

@@ -31,7 +31,7 @@ from l2l.eps.hls_csim_backend import HlsCsimBackend
 from l2l.eps.opencl_backend import KERNEL_SOURCE as CL_SOURCE
 from l2l.errors import UserError
 
-from test_eps_contract import grad_array, wide_f32, wide_grad_bits  # tests/ is on sys.path under pytest
+from eps_oracle import grad_array, wide_f32, wide_grad_bits  # tests/ is on sys.path under pytest
 
 from eps_twin import DTYPES, HLS_TILE as TILE, Twin, assert_same, sentinel, wide_state
 

@@ -19,11 +19,11 @@ from l2l.eps import AdamWHyper, OpenCLBackend, StepScalars
 from l2l.eps.numerics import COPY_DTYPES
 from l2l.errors import UserError
 
-from test_eps_contract import (  # tests/ is on sys.path under pytest
+from eps_oracle import (  # tests/ is on sys.path under pytest
+    NAN_BITS,
     SPECIAL_SCALARS,
-    _NAN,
-    _f32_from_bits,
-    _specials,
+    f32_from_bits,
+    specials,
     wide_grad_bits,
 )
 
@@ -54,14 +54,14 @@ def test_program_binary_round_trip(tmp_path):
             for t in range(1, 5):
                 grad_bits = [wide_grad_bits(rng, n, gdtype) for _ in range(K)]
                 if t == 3:
-                    grad_bits[0][n // 2] = _NAN[gdtype]
+                    grad_bits[0][n // 2] = NAN_BITS[gdtype]
                 tw.step(grads_of(grad_bits, gdtype), StepScalars.compute(AdamWHyper(), t, divisor=float(K)),
                         cdtype, f"binary: {gdtype} K={K} ->{cdtype} n={n} t={t}", expect_finite=t != 3)
         # special values through the loaded program too
-        P, M, V, G = np.meshgrid(_specials(True), _specials(True), _specials(False), _specials(True),
+        P, M, V, G = np.meshgrid(specials(True), specials(True), specials(False), specials(True),
                                  indexing="ij")
-        tw = Twin(loaded, *(_f32_from_bits(x.reshape(-1)) for x in (P, M, V)))
-        tw.step([_f32_from_bits(G.reshape(-1))], SPECIAL_SCALARS["subnormal-eps"], "fp16", "binary: specials")
+        tw = Twin(loaded, *(f32_from_bits(x.reshape(-1)) for x in (P, M, V)))
+        tw.step([f32_from_bits(G.reshape(-1))], SPECIAL_SCALARS["subnormal-eps"], "fp16", "binary: specials")
     finally:
         loaded.close()
 

@@ -107,7 +107,7 @@ def run_adamw(lanes: int, cdtype: str, config: dict, tests=ADAMW_TESTS, dirs=(RT
 
 def test_vector_classes_do_what_they_say():
     import eps_vectors as ev
-    from test_eps_contract import Oracle
+    from eps_oracle import Oracle
 
     rng = np.random.default_rng(3)
     n = 600
