@@ -189,3 +189,14 @@ def test_bench_relay_writes_json_and_table(tmp_path):
     assert [row["micro_batches"] for row in rows] == [1, 2]
     assert all(row["l2l_step_s"] > 0 and row["ratio_vs_plain_ckpt"] > 0 for row in rows)
     assert "| layers | M |" in (tmp_path / "relay_vs_plain.md").read_text()
+
+
+def test_the_cli_raises_glibc_mmap_threshold_unless_told_not_to(monkeypatch):
+    """`l2l` serves large activations from the heap instead of a fresh mmap per use
+    (host/l2l/hostmem.py); L2L_MALLOC_TUNING=0 keeps glibc's defaults."""
+    import platform
+    from l2l.hostmem import tune_host_allocator
+    monkeypatch.setenv("L2L_MALLOC_TUNING", "0")
+    assert tune_host_allocator() is False
+    monkeypatch.delenv("L2L_MALLOC_TUNING")
+    assert tune_host_allocator() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

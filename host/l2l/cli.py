@@ -7,6 +7,7 @@ from dataclasses import fields
 
 from .config import DEVICES, ENGINES, STASH, TrainConfig
 from .errors import UserError, PeerLostError
+from .hostmem import tune_host_allocator
 
 
 class _Parser(argparse.ArgumentParser):
@@ -130,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    tune_host_allocator()
     try:
         if argv[:1] == ["plan"]:  # all of its options are the planner's own (argparse REMAINDER
             from .planner import run_plan  # cannot take a leading --option)
