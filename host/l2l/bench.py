@@ -82,7 +82,7 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
         ms = [m for m in args.micro_batches if base.batch_size % m == 0]
         configs = {"plain_ckpt": replace(base, engine="plain", checkpointing=True),
                    "plain": replace(base, engine="plain")}
-        stashes = args.stash if isinstance(args.stash, list) else [args.stash]
+        stashes = args.stash
         configs.update({_l2l(m, st): replace(base, micro_batches=m, stash=st) for m in ms for st in stashes})
         configs.update({f"plain_ckpt_m{m}": replace(base, engine="plain", checkpointing=True, accumulate=True,
                                                     micro_batches=m) for m in ms if m > 1})
