@@ -139,7 +139,7 @@ def test_device_copy_bits_do_not_depend_on_its_alignment(streaming, monkeypatch)
     be = OpenCLBackend()
     try:
         options = be.program.get_build_info(be.device, be._cl.program_build_info.OPTIONS)
-        assert ("-DL2L_NT_STORES" in options) is be._streaming_stores()
+        assert ("-DL2L_NT_STORES" in options) is be.streaming_stores
         rng = np.random.default_rng(5)
         n = 8 * 300 + 3
         for cdtype, misalign in itertools.product(DTYPES, (0, 2, 4, 16)):

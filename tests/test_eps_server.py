@@ -487,8 +487,8 @@ def test_state_tensors_waits_for_pending_updates():
 def test_host_arrays_start_on_a_cache_line(dtype, n):
     """The EPS's host arrays (device copies, inboxes) start on 64-byte boundaries: the
     OpenCL EPS's streaming stores and vector kernels rely on it for full speed."""
-    from l2l.eps.server import numpy_alloc
-    a = numpy_alloc(n, dtype)
+    from l2l.hostmem import aligned_empty
+    a = aligned_empty(n, dtype)
     assert a.shape == (n,) and a.dtype == np.dtype(dtype) and a.flags.c_contiguous and a.flags.writeable
     assert n == 0 or a.ctypes.data % 64 == 0  # (an empty array has no data to place)
     a[:] = 1

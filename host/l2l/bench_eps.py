@@ -38,8 +38,8 @@ import torch
 
 from .eps import BACKENDS, AdamWHyper, StepScalars, make_backend
 from .eps.numerics import COPY_DTYPES, GRAD_DTYPES
-from .eps.server import numpy_alloc
 from .errors import UserError
+from .hostmem import aligned_empty
 
 _TORCH_DTYPES = {COPY_DTYPES["fp32"]: torch.float32, COPY_DTYPES["bf16"]: torch.bfloat16,
                  COPY_DTYPES["fp16"]: torch.float16}
@@ -113,7 +113,7 @@ def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> 
         device = getattr(backend, "device", None)
         if device is not None and hasattr(device, "max_compute_units"):
             threads = f"{device.max_compute_units} (OpenCL CUs)"
-        copy_out = numpy_alloc(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
+        copy_out = aligned_empty(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
         copy_out[:] = 0
         counter = itertools.count(1)
 
@@ -123,7 +123,7 @@ def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> 
                 raise RuntimeError("benchmark gradients were not finite")
 
         nbytes, counted = _eps_bytes(name, k, gs, cs)
-        if getattr(backend, "_streaming_stores", lambda: False)():
+        if getattr(backend, "streaming_stores", False):
             counted += " (the copy with streaming stores: no write-allocate read of it)"
         methods.append(Method(name, f"EPS {name}: step()", threads, nbytes, counted, run))
     return methods, opened

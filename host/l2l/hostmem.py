@@ -1,4 +1,4 @@
-"""The host allocator, tuned for a training process (glibc on Linux).
+"""Host memory for a training process: glibc's allocator tuned, and line-aligned arrays.
 
 glibc serves an allocation above its mmap threshold with a fresh ``mmap`` and
 returns it to the kernel when freed; the threshold adapts upwards on its own,
@@ -11,14 +11,20 @@ between them at M = 1 went from 1.077x to 1.008-1.012x. So the ``l2l``
 command raises the threshold to 1 GiB before it trains, plans or benchmarks
 (the usual advice for PyTorch on CPUs, where jemalloc or tcmalloc do the same
 job), and the trim threshold with it. Freed memory then stays with the process
-for reuse; ``L2L_MALLOC_TUNING=0``
-keeps glibc's defaults. Importing ``l2l`` as a library changes nothing.
+for reuse; ``L2L_MALLOC_TUNING=0`` keeps glibc's defaults. Importing ``l2l`` as
+a library changes nothing.
+
+:func:`aligned_empty` is how the EPS allocates its host arrays (device copies,
+gradient inboxes): on cache-line boundaries, for vector kernels and streaming
+stores.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
+
+import numpy as np
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 M_MMAP_THRESHOLD = -3
@@ -38,3 +44,12 @@ def tune_host_allocator() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+
+
+def aligned_empty(n: int, dtype, align: int = 64) -> np.ndarray:
+    """``np.empty`` starting on an ``align``-byte boundary (a cache line): vector kernels
+    and streaming stores (the OpenCL EPS on a CPU) want whole lines."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(n * dtype.itemsize + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + n * dtype.itemsize].view(dtype)

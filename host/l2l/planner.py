@@ -99,6 +99,12 @@ class LayerShape:
         return (3.0 * self.forward_flops(batch, seq_len, d_model)
                 - 2.0 * self.tail_matmul_params * batch * seq_len)
 
+    def pass_flops(self, kind: str, batch: int, seq_len: int, d_model: int) -> float:
+        """FLOPs of one call of the relay's pass ``kind`` ("fwd", "post", "bwd")."""
+        if kind == "fwd":
+            return self.forward_flops(batch, seq_len, d_model)
+        return self.backward_flops(batch, seq_len, d_model)  # the post stage has no tail: 3x forward
+
 
 def gpt_layer_shapes(layers: int, d_model: int, seq_len: int, vocab: int = 256) -> list[LayerShape]:
     """The built-in GPT (``models/gpt.py``), counted by hand.
@@ -278,12 +284,11 @@ def _schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: 
     last = len(shapes) - 1
     stash_moves = not rates.zero_copy and cfg.stash == "host"
 
-    def compute(shape: LayerShape, times: float) -> float:
+    def compute(shape: LayerShape, kind: str) -> float:
         # per micro-batch: the FLOPs at the achieved rate, plus the fixed cost of a
         # call, counted like the FLOPs (a recompute + backward call is 3 forward calls)
-        flops = (shape.forward_flops(b, cfg.seq_len, cfg.d_model) if times == 1
-                 else shape.backward_flops(b, cfg.seq_len, cfg.d_model))
-        return m * (flops / rate + times * rates.per_call_s)
+        calls = 1 if kind == "fwd" else 3
+        return m * (shape.pass_flops(kind, b, cfg.seq_len, cfg.d_model) / rate + calls * rates.per_call_s)
 
     def stash_s(n_out: int, n_in: int) -> float:
         # --stash host copies each boundary synchronously, on the compute stream
@@ -291,15 +296,15 @@ def _schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: 
 
     passes = []
     for i in range(last):  # forward: put act(i+1) (out); get act(i) (in) for i >= 1
-        passes.append(_Pass(i, "fwd", compute(shapes[i], 1) + stash_s(1, 1 if i else 0),
+        passes.append(_Pass(i, "fwd", compute(shapes[i], "fwd") + stash_s(1, 1 if i else 0),
                             rates.seconds_in(shapes[i].params * db), 0.0, 0.0))
     # post: pop act(last) (in), put grad(last) (out); forward and backward at once
     s = shapes[last]
-    passes.append(_Pass(last, "post", compute(s, 3) + stash_s(1, 1), rates.seconds_in(s.params * db),
+    passes.append(_Pass(last, "post", compute(s, "post") + stash_s(1, 1), rates.seconds_in(s.params * db),
                         rates.seconds_out(s.params * db), s.params / rates.eps_elems_per_s))
     for i in range(last - 1, -1, -1):  # backward: pop act(i), pop grad(i+1) (in); put grad(i) (out)
         s = shapes[i]
-        passes.append(_Pass(i, "bwd", compute(s, 3) + stash_s(1 if i else 0, 2 if i else 1),
+        passes.append(_Pass(i, "bwd", compute(s, "bwd") + stash_s(1 if i else 0, 2 if i else 1),
                             rates.seconds_in(s.params * db), rates.seconds_out(s.params * db),
                             s.params / rates.eps_elems_per_s))
     return passes
@@ -455,9 +460,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0
     for p in passes:
-        shape = shapes[p.layer]
-        flops += m * (shape.forward_flops(b, cfg.seq_len, cfg.d_model) if p.kind == "fwd"
-                      else shape.backward_flops(b, cfg.seq_len, cfg.d_model))
+        flops += m * shapes[p.layer].pass_flops(p.kind, b, cfg.seq_len, cfg.d_model)
     stash_s = 0.0
     if on_cuda and cfg.stash == "host":
         # the per-pass stash copies are inside compute_s; separate them for the report

@@ -136,6 +136,7 @@ class OpenCLBackend(EpsBackend):
         self.platform, self.device = choose_device(platform, device)
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context, self.device)
+        self.streaming_stores = False  # whether the built program writes the copy with streaming stores
         self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
         self._check_kernels(binary)
@@ -154,9 +155,11 @@ class OpenCLBackend(EpsBackend):
     def _build(self, binary: str | None):
         cl = self._cl
         if binary is None:
-            if self._streaming_stores():
+            if self._streaming_stores_possible():
                 try:  # the x86 streaming-store path (eps.cl); a runtime that cannot build it gets the plain one
-                    return cl.Program(self.context, kernel_source()).build(options=BUILD_OPTIONS + [NT_OPTION])
+                    program = cl.Program(self.context, kernel_source()).build(options=BUILD_OPTIONS + [NT_OPTION])
+                    self.streaming_stores = True
+                    return program
                 except cl.RuntimeError:
                     pass
             program = cl.Program(self.context, kernel_source())
@@ -174,7 +177,7 @@ class OpenCLBackend(EpsBackend):
         except cl.Error as exc:
             raise UserError(f"--cl-binary {binary}: not a program for {self.device.name.strip()} ({exc})") from None
 
-    def _streaming_stores(self) -> bool:
+    def _streaming_stores_possible(self) -> bool:
         """Whether the kernels may use x86 streaming stores: the device is this x86 host's
         CPU with AVX (``L2L_CL_STREAMING=0`` turns them off, e.g. to measure them)."""
         if os.environ.get("L2L_CL_STREAMING", "1") == "0":

@@ -26,20 +26,12 @@ from typing import Callable
 import numpy as np
 
 from ..errors import EpsWorkerError, PeerLostError
+from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
-
-
-def numpy_alloc(n: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
-    """``np.empty`` starting on an ``align``-byte boundary (a cache line): vector kernels
-    and streaming stores (the OpenCL EPS on a CPU) want whole lines."""
-    dtype = np.dtype(dtype)
-    raw = np.empty(n * dtype.itemsize + align, np.uint8)
-    start = (-raw.ctypes.data) % align
-    return raw[start:start + n * dtype.itemsize].view(dtype)
 
 
 @dataclass
@@ -59,7 +51,7 @@ class UpdateRecord:
 class EagerParamServer:
     def __init__(self, backend: EpsBackend, hyper: AdamWHyper, *, copy_dtype: str = "fp32",
                  grad_dtype: str = "fp32", contributors: int = 1,
-                 host_alloc: HostAlloc = numpy_alloc,
+                 host_alloc: HostAlloc = aligned_empty,
                  all_reduce: Callable[[int, np.ndarray], None] | None = None) -> None:
         """``all_reduce(layer, g)``, when given, sums the box's reduced (unscaled, fp32)
         gradient of a layer over the machines in place before the update

@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..eps.server import numpy_alloc
+from ..hostmem import aligned_empty
 
 _TORCH_OF = {
     np.dtype(np.float32): torch.float32,
@@ -92,7 +92,7 @@ class CpuTransport:
         self.device = device
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        return numpy_alloc(n, dtype)
+        return aligned_empty(n, dtype)
 
     def upload(self, host: np.ndarray) -> PendingTensor:
         return PendingTensor(as_torch(host))
@@ -247,7 +247,7 @@ class ThreadedTransport:
             self.trace.append((kind, start, time.perf_counter()))
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        return numpy_alloc(n, dtype)
+        return aligned_empty(n, dtype)
 
     def upload(self, host: np.ndarray) -> PendingTensor:
         src = as_torch(host)
