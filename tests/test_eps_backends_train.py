@@ -94,24 +94,37 @@ def test_no_platform_is_one_line_naming_what_to_install(tmp_path):
                                         for line in info.stdout.splitlines())
 
 
-def test_task_launch_gives_the_same_bits():
-    """FPGA kernels run as tasks (one work-item looping over n): the same source, launched so, agrees."""
+@pytest.mark.parametrize("launch", ["task", "vectors", "chunks"])
+def test_every_launch_shape_gives_the_same_bits(launch):
+    """The kernels cut their vectors into chunks by the global size: FPGA kernels run as tasks
+    (one work-item looping over n), GPUs a work-item per vector, CPUs a few long chunks. The
+    same source, launched each way, agrees with the golden model; at 40,013 elements the
+    default chunks shape cuts the update into 4 chunks and the check into 2."""
     rng = np.random.default_rng(5)
-    task, ref = OpenCLBackend(launch="task"), NumpyBackend()
-    assert all(task._task.values())
-    for layer, n in enumerate((1, 9, 1000, 4099)):
+    backend, ref = OpenCLBackend(launch=launch), NumpyBackend()
+    assert set(backend._shape.values()) == {launch}
+    for layer, n in enumerate((1, 9, 1000, 4099, 40_013)):
         p = rng.standard_normal(n).astype(np.float32)
-        task.allocate(layer, p)
+        backend.allocate(layer, p)
         ref.allocate(layer, p)
         for t in range(1, 4):
             grads = rng.standard_normal((2, n)).astype(np.float32)
             s = StepScalars.compute(AdamWHyper(), t, divisor=2.0)
             a, b = np.empty(n, np.float32), np.empty(n, np.float32)
-            assert task.step(layer, grads, s, a) and ref.step(layer, grads, s, b)
+            assert backend.step(layer, grads, s, a) and ref.step(layer, grads, s, b)
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-        for x, y in zip(task.read_state(layer), ref.read_state(layer)):
+        for x, y in zip(backend.read_state(layer), ref.read_state(layer)):
             assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
-    assert not any(OpenCLBackend()._task.values())  # source kernels: NDRange
+    if launch == "chunks":
+        assert backend.launch_shape("eps_update_f32_f32", 40_013) == (4, 1)
+        assert backend.launch_shape("eps_check_f32", 40_013) == (2, 1)
+
+
+def test_launch_shape_by_device_and_kernel():
+    """Source kernels on a CPU device run as chunks (an NDRange); an unknown shape is refused."""
+    assert set(OpenCLBackend()._shape.values()) == {"chunks"}
+    with pytest.raises(ValueError, match="launch must be one of"):
+        OpenCLBackend(launch="ndrange")
 
 
 def _binary_of(tmp_path, source: str, name: str):

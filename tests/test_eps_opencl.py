@@ -1,4 +1,5 @@
-"""What only the OpenCL EPS has: its program binary (``--cl-binary``).
+"""What only the OpenCL EPS has: its program binary (``--cl-binary``), its work split, its
+launches.
 
 The bit-exact comparison of fpga/opencl/eps.cl on PoCL with the NumPy golden
 model (every vector class of shared/spec/eps-numerics.md, sizes around the
@@ -15,7 +16,7 @@ import itertools
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, OpenCLBackend, StepScalars
+from l2l.eps import AdamWHyper, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps.numerics import COPY_DTYPES
 from l2l.errors import UserError
 
@@ -88,24 +89,41 @@ def test_bad_binary_garbage_file(tmp_path, content):
 
 
 # --------------------------------------------------------------------------
-# the check kernel's spans
+# the check kernel's chunks and regions
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("launch", ["ndrange", "task"])
-def test_check_spans_find_every_position(launch):
-    """eps_check walks CHECK_SPAN vectors per work-item and stores its verdict once: an inf or
-    a NaN on either side of every span boundary, in the last full vector and in the n % 8
-    tail still clears the flag, and the layer is left as it was."""
-    from l2l.eps.opencl_backend import CHECK_SPAN, VECTOR
-    span = CHECK_SPAN * VECTOR
-    n = 3 * span + 5
-    be = OpenCLBackend(launch=launch)
+def _check_boundaries(be: OpenCLBackend, n: int) -> list[int]:
+    """Element positions on both sides of every chunk boundary of eps_check's two regions,
+    the vector left past the regions, and the tail, as eps.cl cuts them for this launch."""
+    from l2l.eps.opencl_backend import REGIONS, VECTOR
+    items, _ = be.launch_shape("eps_check_f32", n)
+    nv = n // VECTOR
+    region = nv // REGIONS["check"]
+    starts = sorted({c * region // items for c in range(items + 1)})
+    positions = {0, n - 1, REGIONS["check"] * region * VECTOR}
+    for r in range(REGIONS["check"]):
+        for start in starts:
+            j = r * region + start
+            positions |= {j * VECTOR, j * VECTOR - 1, j * VECTOR + VECTOR - 1}
+    return sorted(i for i in positions if 0 <= i < n)
+
+
+@pytest.mark.parametrize("launch", ["chunks", "vectors", "task"])
+def test_check_finds_every_position(launch):
+    """eps_check walks chunks of two regions in lockstep and stores its verdict once: an inf
+    or a NaN on either side of every chunk boundary in either region, in the vector left
+    past the regions and in the n % 8 tail still clears the flag, and the layer is left as
+    it was."""
+    n = 2 * 5 * 4 * 8 + 8 + 5  # two regions of 5 chunks of 4 vectors, a vector left over, a tail of 5
+    be = OpenCLBackend(launch=launch, min_chunk=4)
     try:
+        positions = _check_boundaries(be, n)
+        if launch == "chunks":
+            assert be.launch_shape("eps_check_f32", n) == (5, 1) and len(positions) >= 30
         rng = np.random.default_rng(77)
         p, m, v = wide_state(rng, n)
         s = StepScalars.compute(AdamWHyper(), 1)
-        positions = [0, span - 1, span, 2 * span - 1, 2 * span, 3 * span - 1, 3 * span, n - 1]
         for i, bad in zip(positions, itertools.cycle([np.inf, np.nan, -np.inf])):
             tw = Twin(be, p, m, v)
             g = (rng.standard_normal(n) * 1e-3).astype(np.float32)
@@ -115,6 +133,77 @@ def test_check_spans_find_every_position(launch):
         tw.step([np.ones(n, np.float32)], s, "fp32", "finite layer", expect_finite=True)
     finally:
         be.close()
+
+
+# --------------------------------------------------------------------------
+# launches: arguments set only when changed, the flag reset after every step
+# --------------------------------------------------------------------------
+
+
+def _same_bits(a, b) -> bool:
+    return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def test_a_step_that_fails_midway_leaves_the_next_whole(monkeypatch):
+    """The finite flag is reset at the end of a step, not at the start of the next. A step
+    whose check cleared it and whose update then failed to launch must still leave it set:
+    the next, finite step updates the layer, bit for bit the golden model's first step."""
+    rng = np.random.default_rng(3)
+    n = 4099
+    p = rng.standard_normal(n).astype(np.float32)
+    be, ref = OpenCLBackend(), NumpyBackend()
+    be.allocate(0, p)
+    ref.allocate(0, p)
+    real_launch = be._launch
+
+    def update_fails(name, *args):
+        if name.startswith("eps_update"):
+            raise RuntimeError("injected launch failure")
+        return real_launch(name, *args)
+
+    monkeypatch.setattr(be, "_launch", update_fails)
+    bad = np.full(n, np.inf, np.float32)
+    s = StepScalars.compute(AdamWHyper(), 1)
+    with pytest.raises(RuntimeError, match="injected"):
+        be.step(0, [bad], s, np.empty(n, np.float32))
+    monkeypatch.setattr(be, "_launch", real_launch)
+    g = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    a, b = np.empty(n, np.float32), np.empty(n, np.float32)
+    assert be.step(0, [g], s, a) and ref.step(0, [g], s, b)
+    assert _same_bits(a, b)
+    assert all(_same_bits(x, y) for x, y in zip(be.read_state(0), ref.read_state(0)))
+
+
+def test_hyperparameters_changed_between_steps_reach_the_kernel():
+    """Kernel arguments are set only when they differ from the kernel's last launch. Steps
+    that change one hyperparameter at a time, and layers taking turns with the kernels, must
+    each match the golden model."""
+    rng = np.random.default_rng(4)
+    n = 1000
+    be, ref = OpenCLBackend(), NumpyBackend()
+    for layer in (0, 1):
+        p = rng.standard_normal(n).astype(np.float32)
+        be.allocate(layer, p)
+        ref.allocate(layer, p)
+    hypers = [AdamWHyper(), AdamWHyper(lr=3e-4), AdamWHyper(lr=3e-4, weight_decay=0.0),
+              AdamWHyper(lr=3e-4, eps=1e-6), AdamWHyper(lr=3e-4, beta2=0.95)]
+    for t, hyper in enumerate(hypers, start=1):
+        for layer in (0, 1, 0):
+            g = (rng.standard_normal(n) * 1e-2).astype(np.float32)
+            s = StepScalars.compute(hyper, t, divisor=float(1 + layer))
+            a, b = np.empty(n, np.float32), np.empty(n, np.float32)
+            assert be.step(layer, [g], s, a) and ref.step(layer, [g], s, b)
+            assert _same_bits(a, b), f"step {t} layer {layer} hyper {hyper}"
+
+
+def test_kernel_arguments_compare_by_bits():
+    from l2l.eps.opencl_backend import _same_arg
+    assert _same_arg(np.float32(1.5), np.float32(1.5))
+    assert not _same_arg(np.float32(0.0), np.float32(-0.0))
+    assert not _same_arg(np.float32(1.0), np.uint32(1065353216))  # same bits, another type
+    nan, other_nan = (f32_from_bits(bits)[()] for bits in (NAN_BITS["fp32"], NAN_BITS["fp32"] | 1))
+    assert _same_arg(nan, f32_from_bits(NAN_BITS["fp32"])[()]) and not _same_arg(nan, other_nan)
+    assert not _same_arg(np.uint32(7), np.uint32(8))
 
 
 # --------------------------------------------------------------------------

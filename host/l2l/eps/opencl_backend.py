@@ -3,11 +3,13 @@
 The same kernel source runs on PoCL on any CPU (CI, and a fast CPU EPS) and,
 built offline into a binary (``.xclbin``/``.aocx``), on an FPGA card's OpenCL
 platform, where ``p, m, v`` sit in the card's DRAM: only gradients go in and
-device copies come out. Per update: gradients are written into one device
-buffer (K contributions back to back), ``eps_reduce_*`` sums and scales them
-and clears a finite flag on inf/NaN, ``eps_adamw_*`` updates in place and
-writes the device copy (doing nothing when the flag is clear), and the copy is
-read back; all enqueued on one in-order queue and waited for once.
+device copies come out. Per update: the K gradient contributions are one device
+buffer, back to back (on a CPU device, the host's own inbox, not copied);
+``eps_check_*`` clears the layer's finite flag on any inf/NaN in their scaled
+sum; ``eps_update_*`` sums them again, runs AdamW in place and writes the
+device copy (doing nothing when the flag is clear); the copy is read back or,
+on a CPU device, mapped. All on one in-order queue, waited for once, with the
+flag reset behind the wait for the next step.
 
 Platform and device: ``platform``/``device`` options or ``L2L_CL_PLATFORM`` /
 ``L2L_CL_DEVICE`` (an index or a case-insensitive substring of the name). By
@@ -34,11 +36,16 @@ BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
 NT_OPTION = "-DL2L_NT_STORES"  # x86 CPU devices: the device copy with streaming stores (eps.cl)
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
                 "or 'pip install pocl-binary-distribution'")
-WORK_GROUP = 256  # most work-items per group; on PoCL 16 to 256 measured alike, 8 or fewer slower
-MIN_WORK_GROUP = 16
-VECTOR = 8  # elements per work-item (VW in eps.cl)
-CHECK_SPAN = 64  # vectors per work-item of eps_check (CHECK_SPAN in eps.cl)
-UPDATE_SPAN = 256  # vectors per work-item of eps_update (UPDATE_SPAN in eps.cl)
+VECTOR = 8  # elements per vector (VW in eps.cl)
+REGIONS = {"check": 2, "update": 1, "copy": 1}  # regions a kernel walks at once (eps.cl)
+# CPU devices: a work-item per contiguous chunk of at least MIN_CHUNK vectors (32 KiB of
+# fp32), at most CHUNKS_PER_CU per compute unit: long sequential streams, and enough chunks
+# that a thread slowed by other load hands its share to the others (16 to 256 chunks on
+# 16.8M elements measured alike). Other devices: a work-item per vector, WORK_GROUP a group.
+MIN_CHUNK = 1024
+CHUNKS_PER_CU = 64
+WORK_GROUP = 256
+LAUNCHES = ("auto", "chunks", "vectors", "task")
 KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
 
 _PROBE = """
@@ -125,13 +132,19 @@ class OpenCLBackend(EpsBackend):
         return True, f"{dev.name.strip()} on {plat.name.strip()}"
 
     def __init__(self, platform: str | None = None, device: str | None = None,
-                 binary: str | None = None, launch: str = "auto") -> None:
-        """``launch``: "ndrange" (one work-item per span of float8s, for CPUs and GPUs), "task" (a
-        single work-item that loops, the shape of an FPGA kernel), or "auto": task for
-        kernels compiled with a required work-group size of 1 (HLS kernels in an
-        .xclbin), ndrange otherwise."""
-        if launch not in ("auto", "ndrange", "task"):
-            raise ValueError(f"launch must be auto, ndrange or task, not {launch!r}")
+                 binary: str | None = None, launch: str = "auto", min_chunk: int = MIN_CHUNK) -> None:
+        """``launch``: the work shape (``launch_shape``). "chunks": a work-item per long
+        contiguous chunk of float8s, the shape for a CPU; "vectors": a work-item per float8,
+        the shape for a GPU; "task": a single work-item that walks everything, the shape of
+        an FPGA kernel; "auto": task for kernels compiled with a required work-group size of
+        1 (HLS kernels in an .xclbin), else chunks on a CPU device and vectors on others.
+        Every shape gives the same bits. ``min_chunk``: the fewest vectors a chunk takes
+        (tests make it small to cut small layers into many chunks)."""
+        if launch not in LAUNCHES:
+            raise ValueError(f"launch must be one of {', '.join(LAUNCHES)}, not {launch!r}")
+        if min_chunk < 1:
+            raise ValueError(f"min_chunk must be at least 1, not {min_chunk}")
+        self._min_chunk = min_chunk
         cl = self._cl = _cl()
         self.platform, self.device = choose_device(platform, device)
         self.context = cl.Context([self.device])
@@ -140,12 +153,19 @@ class OpenCLBackend(EpsBackend):
         self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
         self._check_kernels(binary)
-        self._task = {name: launch == "task" or (launch == "auto" and self._is_task(kernel))
-                      for name, kernel in self._kernels.items()}
+        cpu = bool(self.device.type & cl.device_type.CPU)
+        self._shape = {name: launch if launch != "auto" else
+                       "task" if self._is_task(kernel) else "chunks" if cpu else "vectors"
+                       for name, kernel in self._kernels.items()}
         self._state: dict[int, tuple] = {}
         self._numel: dict[int, int] = {}
         self._scratch: dict[str, object] = {}
+        # The layer's finite flag: 1 before every step, cleared by eps_check. It is reset at the
+        # end of a step, so that the next one starts with its check, not with a write.
         self._flag = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, 4)
+        self._flag_reset = np.ones(1, np.int32)  # never changed: the source of non-blocking resets
+        cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=True)
+        self._last_args: dict[str, tuple] = {}
         # On a CPU device the "device memory" is host memory: gradients and the
         # device copy are used in place instead of being copied through buffers.
         self._zero_copy = bool(self.device.type & cl.device_type.CPU)
@@ -249,18 +269,30 @@ class OpenCLBackend(EpsBackend):
         info = self._cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE
         return tuple(kernel.get_work_group_info(info, self.device)) == (1, 1, 1)
 
-    def _launch(self, name: str, n: int, *args, span: int = 1):
-        """Run ``name`` over ``n`` elements: a task, or an NDRange of one work-item per
-        ``span`` vectors (the kernels grid-stride, so any size gives the same bits)."""
+    def _launch(self, name: str, n: int, *args):
+        """Run ``name`` over ``n`` elements as a task or an NDRange (``launch_shape``). Only the
+        arguments that changed since its last launch are set: PoCL takes about 5 us per scalar
+        argument, most of a small layer's step, and the hyperparameters rarely change."""
         kernel = self._kernel(name)
-        if self._task[name]:  # one work-item walks every vector (the kernels stride by the global size)
-            return kernel(self.queue, (1,), (1,), *args)
-        items = n // VECTOR // span + 1
-        group = WORK_GROUP  # smaller groups when a layer would give the compute units too few
-        while group > MIN_WORK_GROUP and -(-items // group) < 4 * self.device.max_compute_units:
-            group //= 2
-        global_size = -(-items // group) * group
-        return kernel(self.queue, (global_size,), (group,), *args)
+        last = self._last_args.pop(name, ())
+        for i, arg in enumerate(args):
+            if i >= len(last) or not _same_arg(arg, last[i]):
+                kernel.set_arg(i, arg)
+        self._last_args[name] = args  # only once every argument is set
+        global_size, local_size = self.launch_shape(name, n)
+        return self._cl.enqueue_nd_range_kernel(self.queue, kernel, (global_size,), (local_size,))
+
+    def launch_shape(self, name: str, n: int) -> tuple[int, int]:
+        """(global, local) work size of kernel ``name`` over ``n`` elements. The kernels cut
+        their vectors into chunks by the global size, so any shape gives the same bits."""
+        shape = self._shape[name]
+        if shape == "task":  # one work-item walks every vector
+            return 1, 1
+        vectors = n // VECTOR // REGIONS[name.split("_")[1]]
+        if shape == "chunks":
+            return max(1, min(CHUNKS_PER_CU * self.device.max_compute_units, vectors // self._min_chunk)), 1
+        group = min(WORK_GROUP, self.device.max_work_group_size)
+        return -(-(vectors + 1) // group) * group, group
 
     def _gradients_in(self, grads) -> tuple[object, int, np.dtype]:
         """The K contributions as one device buffer, back to back; (buffer, k, dtype)."""
@@ -301,23 +333,23 @@ class OpenCLBackend(EpsBackend):
         if n == 0:
             return True
         gbuf, k, gdtype = self._gradients_in(grads)
-        flag = np.ones(1, np.int32)
-        cl.enqueue_copy(self.queue, self._flag, flag, is_blocking=False)
         g, c, s = _SUFFIX[np.dtype(gdtype)], _SUFFIX[copy_out.dtype], scalars
-        self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale,
-                     span=CHECK_SPAN)
         target = self._copy_target(copy_out)
         p, m, v = self._state[layer]
-        self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n), np.uint32(k),
-                     s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale,
-                     span=UPDATE_SPAN)
-        if target[1]:  # the copy is copy_out's own memory: map it in the same wait as the flag
-            mapped = self._map(target[0], copy_out.nbytes)
+        flag = np.zeros(1, np.int32)
+        try:
+            self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale)
+            self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n),
+                         np.uint32(k), s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step,
+                         s.inv_scale)
+            # the copy is copy_out's own memory: map it in the same wait as the flag
+            mapped = self._map(target[0], copy_out.nbytes) if target[1] else None
             cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=True)
-            mapped.base.release()
-            return bool(flag[0])
-        cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=True)
-        if flag[0]:
+            if mapped is not None:
+                mapped.base.release()
+        finally:
+            cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=False)
+        if flag[0] and not target[1]:
             self._copy_back(target, copy_out)
         return bool(flag[0])
 
@@ -400,6 +432,16 @@ def _check_step(grads, copy_out: np.ndarray, n: int) -> None:
         if g.shape != (n,):
             raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
     _check_copy(copy_out, n)
+
+
+def _same_arg(a, b) -> bool:
+    """Whether kernel argument ``a`` is what ``b`` set: the same buffer object, or a scalar of
+    the same dtype and bits (so -0.0 and NaN payloads count, as the kernels see them)."""
+    if a is b:
+        return True
+    if isinstance(a, np.generic) and isinstance(b, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    return False
 
 
 def _bytes_view(a: np.ndarray) -> np.ndarray:
