@@ -24,7 +24,6 @@ import numpy as np
 from l2l.eps import EpsBackend, HlsCsimBackend, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps import hls_csim_backend
 from l2l.eps.numerics import COPY_DTYPES
-from l2l.eps.opencl_backend import VECTOR
 
 from eps_oracle import (  # tests/ is on sys.path under pytest
     Oracle,
@@ -209,7 +208,6 @@ def _hls_tile() -> int:
 
 HLS_TILE = _hls_tile()
 OPENCL_CHUNK = 4  # vectors a chunk takes at least, in tests: small layers cut into many chunks
-OPENCL_CHUNK_ELEMENTS = VECTOR * OPENCL_CHUNK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,18 +229,18 @@ class BackendUnderTest:
 
 
 UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
-    # OpenCL (fpga/opencl/eps.cl): vectors of VECTOR elements plus a scalar tail; the update
-    # cut into chunks of at least OPENCL_CHUNK vectors, a work-item each, the check walking two
-    # regions so cut, its last work-item also taking the vector left past the regions. Sizes
-    # around 1 and 2 chunks of the update and of the check, and where the chunk count reaches
-    # its cap of 64 per compute unit. The non-finite layer is 7 update chunks and 3 check
-    # chunks, with one vector left over and a tail of 3: the first element, one in the second
-    # region, the last.
+    # OpenCL (fpga/opencl/eps.cl): vectors of 8 or 16 elements (the device's width) plus a
+    # scalar tail; the update cut into chunks of at least OPENCL_CHUNK vectors, a work-item
+    # each, the check walking two regions so cut, its last work-item also taking the vector
+    # left past the regions. Sizes around one vector of either width, around 2 chunks of the
+    # update and of the check (64, 128, 256 elements for one width or the other), and where
+    # the chunk count reaches its cap of 64 per compute unit. The non-finite layer is several
+    # chunks of both, with a vector left over at width 16 and a tail of 3: the first element,
+    # one in a later chunk, the last.
     BackendUnderTest(OpenCLBackend.name, lambda: OpenCLBackend(min_chunk=OPENCL_CHUNK),
-                     edge_sizes=(1, *_around(VECTOR, 2 * OPENCL_CHUNK_ELEMENTS, 4 * OPENCL_CHUNK_ELEMENTS),
-                                 3001, 8193),
-                     nonfinite_n=29 * VECTOR + 3,
-                     nonfinite_at=(0, 14 * VECTOR + 3, 29 * VECTOR + 2)),
+                     edge_sizes=(1, *_around(8, 16, 64, 128, 256), 3001, 8193),
+                     nonfinite_n=29 * 16 + 3,
+                     nonfinite_at=(0, 14 * 16 + 3, 29 * 16 + 2)),
     # HLS (hls/eps_kernels.cpp): tiles of HLS_TILE, one burst per contribution and tile; a few
     # small sizes too. The non-finite layer is two whole tiles and a partial one.
     BackendUnderTest(HlsCsimBackend.name, HlsCsimBackend,

@@ -96,27 +96,30 @@ def test_bad_binary_garbage_file(tmp_path, content):
 def _check_boundaries(be: OpenCLBackend, n: int) -> list[int]:
     """Element positions on both sides of every chunk boundary of eps_check's two regions,
     the vector left past the regions, and the tail, as eps.cl cuts them for this launch."""
-    from l2l.eps.opencl_backend import REGIONS, VECTOR
+    from l2l.eps.opencl_backend import REGIONS
     items, _ = be.launch_shape("eps_check_f32", n)
-    nv = n // VECTOR
+    vw = be.vector_width
+    nv = n // vw
     region = nv // REGIONS["check"]
     starts = sorted({c * region // items for c in range(items + 1)})
-    positions = {0, n - 1, REGIONS["check"] * region * VECTOR}
+    positions = {0, n - 1, REGIONS["check"] * region * vw}
     for r in range(REGIONS["check"]):
         for start in starts:
             j = r * region + start
-            positions |= {j * VECTOR, j * VECTOR - 1, j * VECTOR + VECTOR - 1}
+            positions |= {j * vw, j * vw - 1, j * vw + vw - 1}
     return sorted(i for i in positions if 0 <= i < n)
 
 
+@pytest.mark.parametrize("vector_width", [8, 16])
 @pytest.mark.parametrize("launch", ["chunks", "vectors", "task"])
-def test_check_finds_every_position(launch):
+def test_check_finds_every_position(launch, vector_width):
     """eps_check walks chunks of two regions in lockstep and stores its verdict once: an inf
     or a NaN on either side of every chunk boundary in either region, in the vector left
     past the regions and in the n % 8 tail still clears the flag, and the layer is left as
     it was."""
-    n = 2 * 5 * 4 * 8 + 8 + 5  # two regions of 5 chunks of 4 vectors, a vector left over, a tail of 5
-    be = OpenCLBackend(launch=launch, min_chunk=4)
+    vw = vector_width
+    n = 2 * 5 * 4 * vw + vw + 5  # two regions of 5 chunks of 4 vectors, a vector left over, a tail of 5
+    be = OpenCLBackend(launch=launch, min_chunk=4, vector_width=vw)
     try:
         positions = _check_boundaries(be, n)
         if launch == "chunks":
@@ -220,18 +223,19 @@ def _copy_at(n: int, cdtype: str, misalign: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("streaming", ["1", "0"])
-def test_device_copy_bits_do_not_depend_on_its_alignment(streaming, monkeypatch):
+@pytest.mark.parametrize("vector_width", [8, 16])
+def test_device_copy_bits_do_not_depend_on_its_alignment(streaming, vector_width, monkeypatch):
     """The update writes the copy with streaming stores when built for them and the copy
-    is aligned for them, with plain stores otherwise: the same bits either way, and on a
-    non-finite step nothing is written by either route."""
+    is aligned for them (a whole float8 or float16 register), with plain stores otherwise:
+    the same bits either way, and on a non-finite step nothing is written by either route."""
     monkeypatch.setenv("L2L_CL_STREAMING", streaming)
-    be = OpenCLBackend()
+    be = OpenCLBackend(vector_width=vector_width)
     try:
         options = be.program.get_build_info(be.device, be._cl.program_build_info.OPTIONS)
         assert ("-DL2L_NT_STORES" in options) is be.streaming_stores
         rng = np.random.default_rng(5)
         n = 8 * 300 + 3
-        for cdtype, misalign in itertools.product(DTYPES, (0, 2, 4, 16)):
+        for cdtype, misalign in itertools.product(DTYPES, (0, 2, 4, 16, 32)):
             tw = Twin(be, *wide_state(rng, n))
             copies = (_copy_at(n, cdtype, misalign), _copy_at(n, cdtype, misalign))
             for t in (1, 2, 3):

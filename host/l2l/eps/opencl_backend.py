@@ -36,10 +36,11 @@ BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
 NT_OPTION = "-DL2L_NT_STORES"  # x86 CPU devices: the device copy with streaming stores (eps.cl)
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
                 "or 'pip install pocl-binary-distribution'")
-VECTOR = 8  # elements per vector (VW in eps.cl)
+VECTOR_WIDTHS = (8, 16)  # elements per vector (VW in eps.cl): float8, or float16 where the device prefers it
+BINARY_VECTOR = 8  # what a prebuilt binary is assumed to use unless told (only the launch shape depends on it)
 REGIONS = {"check": 2, "update": 1, "copy": 1}  # regions a kernel walks at once (eps.cl)
-# CPU devices: a work-item per contiguous chunk of at least MIN_CHUNK vectors (32 KiB of
-# fp32), at most CHUNKS_PER_CU per compute unit: long sequential streams, and enough chunks
+# CPU devices: a work-item per contiguous chunk of at least MIN_CHUNK vectors (32 or 64 KiB
+# of fp32), at most CHUNKS_PER_CU per compute unit: long sequential streams, and enough chunks
 # that a thread slowed by other load hands its share to the others (16 to 256 chunks on
 # 16.8M elements measured alike). Other devices: a work-item per vector, WORK_GROUP a group.
 MIN_CHUNK = 1024
@@ -132,24 +133,31 @@ class OpenCLBackend(EpsBackend):
         return True, f"{dev.name.strip()} on {plat.name.strip()}"
 
     def __init__(self, platform: str | None = None, device: str | None = None,
-                 binary: str | None = None, launch: str = "auto", min_chunk: int = MIN_CHUNK) -> None:
+                 binary: str | None = None, launch: str = "auto", min_chunk: int = MIN_CHUNK,
+                 vector_width: int | None = None) -> None:
         """``launch``: the work shape (``launch_shape``). "chunks": a work-item per long
         contiguous chunk of float8s, the shape for a CPU; "vectors": a work-item per float8,
         the shape for a GPU; "task": a single work-item that walks everything, the shape of
         an FPGA kernel; "auto": task for kernels compiled with a required work-group size of
         1 (HLS kernels in an .xclbin), else chunks on a CPU device and vectors on others.
         Every shape gives the same bits. ``min_chunk``: the fewest vectors a chunk takes
-        (tests make it small to cut small layers into many chunks)."""
+        (tests make it small to cut small layers into many chunks). ``vector_width``: the
+        kernels' VW, 8 or 16; by default 16 where the device's preferred float vector is that
+        wide (AVX-512 CPUs), else 8. The bits do not depend on it either."""
         if launch not in LAUNCHES:
             raise ValueError(f"launch must be one of {', '.join(LAUNCHES)}, not {launch!r}")
         if min_chunk < 1:
             raise ValueError(f"min_chunk must be at least 1, not {min_chunk}")
+        if vector_width not in (None, *VECTOR_WIDTHS):
+            raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}, not {vector_width}")
         self._min_chunk = min_chunk
         cl = self._cl = _cl()
         self.platform, self.device = choose_device(platform, device)
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context, self.device)
         self.streaming_stores = False  # whether the built program writes the copy with streaming stores
+        self.vector_width = vector_width or (BINARY_VECTOR if binary else
+                                             16 if self.device.preferred_vector_width_float >= 16 else 8)
         self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
         self._check_kernels(binary)
@@ -175,16 +183,17 @@ class OpenCLBackend(EpsBackend):
     def _build(self, binary: str | None):
         cl = self._cl
         if binary is None:
+            options = BUILD_OPTIONS + [f"-DVW={self.vector_width}"]
             if self._streaming_stores_possible():
                 try:  # the x86 streaming-store path (eps.cl); a runtime that cannot build it gets the plain one
-                    program = cl.Program(self.context, kernel_source()).build(options=BUILD_OPTIONS + [NT_OPTION])
+                    program = cl.Program(self.context, kernel_source()).build(options=options + [NT_OPTION])
                     self.streaming_stores = True
                     return program
                 except cl.RuntimeError:
                     pass
             program = cl.Program(self.context, kernel_source())
             try:
-                return program.build(options=BUILD_OPTIONS)
+                return program.build(options=options)
             except cl.RuntimeError as exc:
                 raise RuntimeError(f"building {KERNEL_SOURCE} failed:\n{exc}") from exc
         path = Path(binary)
@@ -288,7 +297,7 @@ class OpenCLBackend(EpsBackend):
         shape = self._shape[name]
         if shape == "task":  # one work-item walks every vector
             return 1, 1
-        vectors = n // VECTOR // REGIONS[name.split("_")[1]]
+        vectors = n // self.vector_width // REGIONS[name.split("_")[1]]
         if shape == "chunks":
             return max(1, min(CHUNKS_PER_CU * self.device.max_compute_units, vectors // self._min_chunk)), 1
         group = min(WORK_GROUP, self.device.max_work_group_size)
