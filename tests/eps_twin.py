@@ -207,7 +207,8 @@ def _hls_tile() -> int:
 
 
 HLS_TILE = _hls_tile()
-OPENCL_CHUNK = 4  # vectors a chunk takes at least, in tests: small layers cut into many chunks
+OPENCL_CHUNK = 12  # vectors a chunk takes at least, in tests: small layers cut into many chunks,
+# each one unrolled pass of eps_check (8 vectors) and a remainder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,16 +232,16 @@ class BackendUnderTest:
 UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
     # OpenCL (fpga/opencl/eps.cl): vectors of 8 or 16 elements (the device's width) plus a
     # scalar tail; the update cut into chunks of at least OPENCL_CHUNK vectors, a work-item
-    # each, the check walking two regions so cut, its last work-item also taking the vector
-    # left past the regions. Sizes around one vector of either width, around 2 chunks of the
-    # update and of the check (64, 128, 256 elements for one width or the other), and where
-    # the chunk count reaches its cap of 64 per compute unit. The non-finite layer is several
-    # chunks of both, with a vector left over at width 16 and a tail of 3: the first element,
-    # one in a later chunk, the last.
+    # each; the check walking four regions so cut, 8 vectors a pass, its last work-item
+    # also taking the vectors left past the regions. Sizes around one vector of either
+    # width, around several chunks of the update (384) and of the check (1536), and where
+    # the chunk count reaches its cap of 64 per compute unit. The non-finite layer is 24
+    # vectors a region and one left over, with a tail of 3: the first element, one in the
+    # second check chunk of the third region, the last.
     BackendUnderTest(OpenCLBackend.name, lambda: OpenCLBackend(min_chunk=OPENCL_CHUNK),
-                     edge_sizes=(1, *_around(8, 16, 64, 128, 256), 3001, 8193),
-                     nonfinite_n=29 * 16 + 3,
-                     nonfinite_at=(0, 14 * 16 + 3, 29 * 16 + 2)),
+                     edge_sizes=(1, *_around(8, 16, 384, 1536), 3001, 8193),
+                     nonfinite_n=97 * 16 + 3,
+                     nonfinite_at=(0, 65 * 16 + 3, 97 * 16 + 2)),
     # HLS (hls/eps_kernels.cpp): tiles of HLS_TILE, one burst per contribution and tile; a few
     # small sizes too. The non-finite layer is two whole tiles and a partial one.
     BackendUnderTest(HlsCsimBackend.name, HlsCsimBackend,

@@ -100,12 +100,12 @@ def test_every_launch_shape_gives_the_same_bits(launch, vector_width):
     """The kernels cut their vectors into chunks by the global size: FPGA kernels run as tasks
     (one work-item looping over n), GPUs a work-item per vector, CPUs a few long chunks; and
     the vectors are float8 or float16. The same source, launched and built each way, agrees
-    with the golden model; at 70,013 elements the default chunks shape cuts both the update
+    with the golden model; at 140,013 elements the default chunks shape cuts both the update
     and the check into several chunks."""
     rng = np.random.default_rng(5)
     backend, ref = OpenCLBackend(launch=launch, vector_width=vector_width), NumpyBackend()
     assert set(backend._shape.values()) == {launch} and backend.vector_width == vector_width
-    for layer, n in enumerate((1, 9, 17, 1000, 4099, 70_013)):
+    for layer, n in enumerate((1, 9, 17, 1000, 4099, 140_013)):
         p = rng.standard_normal(n).astype(np.float32)
         backend.allocate(layer, p)
         ref.allocate(layer, p)
@@ -118,8 +118,8 @@ def test_every_launch_shape_gives_the_same_bits(launch, vector_width):
         for x, y in zip(backend.read_state(layer), ref.read_state(layer)):
             assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
     if launch == "chunks":
-        assert backend.launch_shape("eps_update_f32_f32", 70_013)[0] >= 4
-        assert backend.launch_shape("eps_check_f32", 70_013)[0] >= 2
+        assert backend.launch_shape("eps_update_f32_f32", 140_013)[0] >= 4
+        assert backend.launch_shape("eps_check_f32", 140_013)[0] >= 2
 
 
 def test_launch_shape_by_device_and_kernel():

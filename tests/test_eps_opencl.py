@@ -93,45 +93,54 @@ def test_bad_binary_garbage_file(tmp_path, content):
 # --------------------------------------------------------------------------
 
 
-def _check_boundaries(be: OpenCLBackend, n: int) -> list[int]:
-    """Element positions on both sides of every chunk boundary of eps_check's two regions,
-    the vector left past the regions, and the tail, as eps.cl cuts them for this launch."""
-    from l2l.eps.opencl_backend import REGIONS
-    items, _ = be.launch_shape("eps_check_f32", n)
-    vw = be.vector_width
+def _check_boundaries(be: OpenCLBackend, n: int, k: int) -> list[int]:
+    """Element positions on both sides of every chunk boundary of eps_check's regions, in
+    every lane of its unrolled pass and in the remainder after it (first chunk of the
+    second region), the vectors left past the regions, and the tail, as eps.cl cuts them
+    for this launch."""
+    from l2l.eps.opencl_backend import CHECK_UNROLL
+    from l2l.eps.opencl_backend import regions as regions_of
+    items, _ = be.launch_shape("eps_check_f32", n, k)
+    vw, regions = be.vector_width, regions_of("eps_check_f32", k)
     nv = n // vw
-    region = nv // REGIONS["check"]
+    region = nv // regions
     starts = sorted({c * region // items for c in range(items + 1)})
-    positions = {0, n - 1, REGIONS["check"] * region * vw}
-    for r in range(REGIONS["check"]):
+    positions = {0, n - 1, regions * region * vw, nv * vw - 1}
+    for r in range(regions):
         for start in starts:
             j = r * region + start
             positions |= {j * vw, j * vw - 1, j * vw + vw - 1}
+    first = region + starts[0]
+    positions |= {(first + u) * vw + u % vw for u in range(CHECK_UNROLL + 3)}
     return sorted(i for i in positions if 0 <= i < n)
 
 
+@pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize("vector_width", [8, 16])
 @pytest.mark.parametrize("launch", ["chunks", "vectors", "task"])
-def test_check_finds_every_position(launch, vector_width):
-    """eps_check walks chunks of two regions in lockstep and stores its verdict once: an inf
-    or a NaN on either side of every chunk boundary in either region, in the vector left
-    past the regions and in the n % 8 tail still clears the flag, and the layer is left as
-    it was."""
+def test_check_finds_every_position(launch, vector_width, k):
+    """eps_check walks chunks of 4, 2 or 1 regions (by K) in lockstep, 8 vectors a pass,
+    and stores its verdict once: an inf or a NaN in any contribution on either side of
+    every chunk boundary in any region, in each lane of the pass and in the remainder after
+    it, in the vectors left past the regions and in the n % VW tail still clears the flag,
+    and the layer is left as it was."""
     vw = vector_width
-    n = 2 * 5 * 4 * vw + vw + 5  # two regions of 5 chunks of 4 vectors, a vector left over, a tail of 5
-    be = OpenCLBackend(launch=launch, min_chunk=4, vector_width=vw)
+    chunk = 11  # one unrolled pass of 8 vectors and 3 more
+    n = (4 * 5 * chunk + 3) * vw + 5  # K = 1: 4 regions of 5 chunks, 3 vectors left over, a tail of 5
+    be = OpenCLBackend(launch=launch, min_chunk=chunk, vector_width=vw)
     try:
-        positions = _check_boundaries(be, n)
+        positions = _check_boundaries(be, n, k)
         if launch == "chunks":
-            assert be.launch_shape("eps_check_f32", n) == (5, 1) and len(positions) >= 30
+            assert be.launch_shape("eps_check_f32", n, k) == ({1: 5, 2: 10, 4: 20}[k], 1)
+            assert len(positions) >= 40
         rng = np.random.default_rng(77)
         p, m, v = wide_state(rng, n)
         s = StepScalars.compute(AdamWHyper(), 1)
-        for i, bad in zip(positions, itertools.cycle([np.inf, np.nan, -np.inf])):
+        for c, (i, bad) in enumerate(zip(positions, itertools.cycle([np.inf, np.nan, -np.inf]))):
             tw = Twin(be, p, m, v)
-            g = (rng.standard_normal(n) * 1e-3).astype(np.float32)
-            g[i] = bad
-            tw.step([g], s, "fp32", f"{bad} at {i} of {n}", expect_finite=False)
+            g = (rng.standard_normal((k, n)) * 1e-3).astype(np.float32)
+            g[c % k, i] = bad
+            tw.step(list(g), s, "fp32", f"{bad} at {i} of {n} in contribution {c % k} of {k}", expect_finite=False)
             tw.check_state(f"after {bad} at {i}")
         tw.step([np.ones(n, np.float32)], s, "fp32", "finite layer", expect_finite=True)
     finally:
@@ -159,10 +168,10 @@ def test_a_step_that_fails_midway_leaves_the_next_whole(monkeypatch):
     ref.allocate(0, p)
     real_launch = be._launch
 
-    def update_fails(name, *args):
+    def update_fails(name, *args, **kw):
         if name.startswith("eps_update"):
             raise RuntimeError("injected launch failure")
-        return real_launch(name, *args)
+        return real_launch(name, *args, **kw)
 
     monkeypatch.setattr(be, "_launch", update_fails)
     bad = np.full(n, np.inf, np.float32)

@@ -38,7 +38,15 @@ INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl
                 "or 'pip install pocl-binary-distribution'")
 VECTOR_WIDTHS = (8, 16)  # elements per vector (VW in eps.cl): float8, or float16 where the device prefers it
 BINARY_VECTOR = 8  # what a prebuilt binary is assumed to use unless told (only the launch shape depends on it)
-REGIONS = {"check": 2, "update": 1, "copy": 1}  # regions a kernel walks at once (eps.cl)
+CHECK_UNROLL = 8  # vectors of each region per pass of eps_check (eps.cl)
+
+
+def regions(kernel: str, k: int = 1) -> int:
+    """Regions kernel ``kernel`` (``eps_check_f32``...) walks at once for ``k`` contributions:
+    eps_check about four streams (check_regions in eps.cl), the others one."""
+    if kernel.startswith("eps_check"):
+        return 1 if k >= 4 else 2 if k >= 2 else 4
+    return 1
 # CPU devices: a work-item per contiguous chunk of at least MIN_CHUNK vectors (32 or 64 KiB
 # of fp32), at most CHUNKS_PER_CU per compute unit: long sequential streams, and enough chunks
 # that a thread slowed by other load hands its share to the others (16 to 256 chunks on
@@ -278,7 +286,7 @@ class OpenCLBackend(EpsBackend):
         info = self._cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE
         return tuple(kernel.get_work_group_info(info, self.device)) == (1, 1, 1)
 
-    def _launch(self, name: str, n: int, *args):
+    def _launch(self, name: str, n: int, *args, k: int = 1):
         """Run ``name`` over ``n`` elements as a task or an NDRange (``launch_shape``). Only the
         arguments that changed since its last launch are set: PoCL takes about 5 us per scalar
         argument, most of a small layer's step, and the hyperparameters rarely change."""
@@ -288,16 +296,17 @@ class OpenCLBackend(EpsBackend):
             if i >= len(last) or not _same_arg(arg, last[i]):
                 kernel.set_arg(i, arg)
         self._last_args[name] = args  # only once every argument is set
-        global_size, local_size = self.launch_shape(name, n)
+        global_size, local_size = self.launch_shape(name, n, k)
         return self._cl.enqueue_nd_range_kernel(self.queue, kernel, (global_size,), (local_size,))
 
-    def launch_shape(self, name: str, n: int) -> tuple[int, int]:
-        """(global, local) work size of kernel ``name`` over ``n`` elements. The kernels cut
-        their vectors into chunks by the global size, so any shape gives the same bits."""
+    def launch_shape(self, name: str, n: int, k: int = 1) -> tuple[int, int]:
+        """(global, local) work size of kernel ``name`` over ``n`` elements and ``k`` gradient
+        contributions. The kernels cut their vectors into chunks by the global size, so any
+        shape gives the same bits."""
         shape = self._shape[name]
         if shape == "task":  # one work-item walks every vector
             return 1, 1
-        vectors = n // self.vector_width // REGIONS[name.split("_")[1]]
+        vectors = n // self.vector_width // regions(name, k)
         if shape == "chunks":
             return max(1, min(CHUNKS_PER_CU * self.device.max_compute_units, vectors // self._min_chunk)), 1
         group = min(WORK_GROUP, self.device.max_work_group_size)
@@ -347,7 +356,7 @@ class OpenCLBackend(EpsBackend):
         p, m, v = self._state[layer]
         flag = np.zeros(1, np.int32)
         try:
-            self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale)
+            self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale, k=k)
             self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n),
                          np.uint32(k), s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step,
                          s.inv_scale)
