@@ -360,13 +360,12 @@ class OpenCLBackend(EpsBackend):
             self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n),
                          np.uint32(k), s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step,
                          s.inv_scale)
-            # the copy is copy_out's own memory: map it in the same wait as the flag
-            mapped = self._map(target[0], copy_out.nbytes) if target[1] else None
-            cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=True)
-            if mapped is not None:
-                mapped.base.release()
+            if target[1]:  # the copy is copy_out's own memory: a map (and unmap) hands it to the host
+                self._map(target[0], copy_out.nbytes).base.release()
+            read = cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
         finally:
             cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=False)
+        read.wait()  # everything above is enqueued while the kernels run; this is the step's one wait
         if flag[0] and not target[1]:
             self._copy_back(target, copy_out)
         return bool(flag[0])
