@@ -44,8 +44,6 @@
 #define uintV uint8
 #define ushortV ushort8
 #define floatH float4            /* VW ushorts seen as floats (the bf16 streaming store) */
-#define vloadV vload8
-#define vstoreV vstore8
 #define vload_halfV vload_half8
 #define vstore_halfV_rte vstore_half8_rte
 #define convert_uintV convert_uint8
@@ -61,8 +59,6 @@
 #define uintV uint16
 #define ushortV ushort16
 #define floatH float8
-#define vloadV vload16
-#define vstoreV vstore16
 #define vload_halfV vload_half16
 #define vstore_halfV_rte vstore_half16_rte
 #define convert_uintV convert_uint16
@@ -76,6 +72,16 @@
 #error "VW must be 8 or 16"
 #endif
 
+// Whole-vector loads and stores at element alignment: one unaligned vector
+// instruction each (vmovups). PoCL 3.1's vload16/vstore16 split each access
+// into two loads, or three stores, and the update measured 3-6% slower so.
+typedef floatV __attribute__((aligned(4))) floatV_e;
+typedef ushortV __attribute__((aligned(2))) ushortV_e;
+#define LOADF(j, ptr) (*(__global const floatV_e *)((ptr) + VW * (size_t)(j)))
+#define STOREF(x, j, ptr) (*(__global floatV_e *)((ptr) + VW * (size_t)(j)) = (x))
+#define LOADU(j, ptr) (*(__global const ushortV_e *)((ptr) + VW * (size_t)(j)))
+#define STOREU(x, j, ptr) (*(__global ushortV_e *)((ptr) + VW * (size_t)(j)) = (x))
+
 // ---------------------------------------------------------------- work split
 
 // First vector of chunk c of g chunks over len vectors (64-bit: c * len may pass 2^32).
@@ -83,16 +89,16 @@ inline size_t chunk_start(size_t len, size_t c, size_t g) { return (size_t)(((ul
 
 // ---------------------------------------------------------------- widening (exact)
 
-inline floatV wideV_f32(__global const float *g, size_t j) { return vloadV(j, g); }
+inline floatV wideV_f32(__global const float *g, size_t j) { return LOADF(j, g); }
 inline float  wide1_f32(__global const float *g, size_t i) { return g[i]; }
-inline floatV wideV_bf16(__global const ushort *g, size_t j) { return as_floatV(convert_uintV(vloadV(j, g)) << 16); }
+inline floatV wideV_bf16(__global const ushort *g, size_t j) { return as_floatV(convert_uintV(LOADU(j, g)) << 16); }
 inline float  wide1_bf16(__global const ushort *g, size_t i) { return as_float(((uint)g[i]) << 16); }
 inline floatV wideV_f16(__global const ushort *g, size_t j) { return vload_halfV(j, (__global const half *)g); }
 inline float  wide1_f16(__global const ushort *g, size_t i) { return vload_half(i, (__global const half *)g); }
 
 // ---------------------------------------------------------------- device copy (round to nearest even)
 
-inline void storeV_f32(__global float *c, size_t j, floatV x) { vstoreV(x, j, c); }
+inline void storeV_f32(__global float *c, size_t j, floatV x) { STOREF(x, j, c); }
 inline void store1_f32(__global float *c, size_t i, float x) { c[i] = x; }
 inline ushortV bf16_rneV(floatV x) {
     const uintV b = as_uintV(x);
@@ -100,7 +106,7 @@ inline ushortV bf16_rneV(floatV x) {
     const uintV quiet_nan = (b >> 16) | (uintV)0x0040u;        // NaN stays NaN
     return convert_ushortV(select(rounded, quiet_nan, (b & (uintV)0x7fffffffu) > (uintV)0x7f800000u));
 }
-inline void storeV_bf16(__global ushort *c, size_t j, floatV x) { vstoreV(bf16_rneV(x), j, c); }
+inline void storeV_bf16(__global ushort *c, size_t j, floatV x) { STOREU(bf16_rneV(x), j, c); }
 inline void store1_bf16(__global ushort *c, size_t i, float x) {
     const uint b = as_uint(x);
     c[i] = (ushort)(((b & 0x7fffffffu) > 0x7f800000u) ? ((b >> 16) | 0x0040u)
@@ -165,7 +171,7 @@ inline void storeVnt_f16(__global ushort *c, size_t j, floatV x) { storeV_f16(c,
 // region, one vector per iteration at about 60% of torch.sum; four regions,
 // eight vectors per iteration at about 90%. Eight regions measured slower.
 
-#define CHECK_UNROLL 8
+#define CHECK_UNROLL 8   /* vectors of each region a pass: CHECK_ONE written out 8 times below */
 // Regions for k contributions: about four streams (regions x contributions) at once.
 inline size_t check_regions(uint k) { return k >= 4 ? 1 : k >= 2 ? 2 : 4; }
 #define MAGNITUDE_V(x) (as_uintV(x) & (uintV)0x7fffffffu)
@@ -176,42 +182,42 @@ inline size_t check_regions(uint k) { return k >= 4 ? 1 : k >= 2 ? 2 : 4; }
     float acc = wide1_##G(g, i);                                                       \
     for (uint c_ = 1; c_ < k; ++c_) acc = acc + wide1_##G(g, (size_t)c_ * n + i);
 
+// One vector of the check into accumulator top##u (a macro: PoCL keeps an
+// array of accumulators in memory, not in registers).
+#define CHECK_ONE(G, g, j, n, k, u)                                                    \
+    { REDUCEV(G, g, j, n, k, acc##u) top##u = max(top##u, MAGNITUDE_V(acc##u * inv_scale)); }
+
 #define EPS_CHECK(G, GT)                                                               \
 __kernel void eps_check_##G(__global const GT *g, __global int *finite,                \
                             const uint n, const uint k, const float inv_scale) {        \
     const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);        \
     const size_t regions = check_regions(k), region = nv / regions;                    \
     const size_t lo = chunk_start(region, me, items), hi = chunk_start(region, me + 1, items); \
-    uintV top[CHECK_UNROLL];                                                           \
-    for (uint u = 0; u < CHECK_UNROLL; ++u) top[u] = (uintV)0;                          \
+    uintV top0 = (uintV)0, top1 = (uintV)0, top2 = (uintV)0, top3 = (uintV)0;          \
+    uintV top4 = (uintV)0, top5 = (uintV)0, top6 = (uintV)0, top7 = (uintV)0;          \
     int bad_tail = 0;                                                                  \
     size_t t = lo;                                                                     \
     for (; t + CHECK_UNROLL <= hi; t += CHECK_UNROLL) {                                \
         for (size_t r = 0; r < regions; ++r) {                                         \
-            for (uint u = 0; u < CHECK_UNROLL; ++u) {                                  \
-                REDUCEV(G, g, r * region + t + u, n, k, acc)                           \
-                top[u] = max(top[u], MAGNITUDE_V(acc * inv_scale));                    \
-            }                                                                          \
+            const size_t j = r * region + t;                                           \
+            CHECK_ONE(G, g, j, n, k, 0) CHECK_ONE(G, g, j + 1, n, k, 1)                \
+            CHECK_ONE(G, g, j + 2, n, k, 2) CHECK_ONE(G, g, j + 3, n, k, 3)            \
+            CHECK_ONE(G, g, j + 4, n, k, 4) CHECK_ONE(G, g, j + 5, n, k, 5)            \
+            CHECK_ONE(G, g, j + 6, n, k, 6) CHECK_ONE(G, g, j + 7, n, k, 7)            \
         }                                                                              \
     }                                                                                  \
     for (; t < hi; ++t) {                                                              \
-        for (size_t r = 0; r < regions; ++r) {                                         \
-            REDUCEV(G, g, r * region + t, n, k, acc)                                   \
-            top[0] = max(top[0], MAGNITUDE_V(acc * inv_scale));                        \
-        }                                                                              \
+        for (size_t r = 0; r < regions; ++r) CHECK_ONE(G, g, r * region + t, n, k, 0)  \
     }                                                                                  \
     if (me == items - 1) {  /* the vectors past the regions, and the n % VW tail */     \
-        for (size_t j = regions * region; j < nv; ++j) {                               \
-            REDUCEV(G, g, j, n, k, acc)                                                \
-            top[0] = max(top[0], MAGNITUDE_V(acc * inv_scale));                        \
-        }                                                                              \
+        for (size_t j = regions * region; j < nv; ++j) CHECK_ONE(G, g, j, n, k, 0)     \
         for (size_t i = nv * VW; i < n; ++i) {                                          \
             REDUCE1(G, g, i, n, k, acc)                                                \
             bad_tail |= !isfinite(acc * inv_scale);                                    \
         }                                                                              \
     }                                                                                  \
-    for (uint u = 1; u < CHECK_UNROLL; ++u) top[0] = max(top[0], top[u]);              \
-    if (any(top[0] >= (uintV)0x7f800000u) || bad_tail) *finite = 0;                    \
+    const uintV top = max(max(max(top0, top1), max(top2, top3)), max(max(top4, top5), max(top6, top7))); \
+    if (any(top >= (uintV)0x7f800000u) || bad_tail) *finite = 0;                       \
 }
 
 EPS_CHECK(f32, float)
@@ -251,9 +257,9 @@ __kernel void eps_update_##G##_##C(                                             
     for (size_t j = lo; j < hi; ++j) {                                                 \
         REDUCEV(G, gr, j, n, k, acc)                                                   \
         const floatV g = acc * inv_scale;                                              \
-        const floatV p0 = vloadV(j, p), m0 = vloadV(j, m), v0 = vloadV(j, v);          \
+        const floatV p0 = LOADF(j, p), m0 = LOADF(j, m), v0 = LOADF(j, v);          \
         ADAMW_BODY(floatV)                                                             \
-        vstoreV(p2, j, p); vstoreV(m1, j, m); vstoreV(v1, j, v);                       \
+        STOREF(p2, j, p); STOREF(m1, j, m); STOREF(v1, j, v);                       \
         STOREV_COPY(C, copy, j, p2, nt);                                               \
     }                                                                                  \
     FENCE_IF(nt);                                                                      \
@@ -285,7 +291,7 @@ EPS_UPDATE_ALL_COPIES(f16, ushort)
 __kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uint n) {  \
     const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);        \
     const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
-    for (size_t j = lo; j < hi; ++j) storeV_##C(copy, j, vloadV(j, p));                \
+    for (size_t j = lo; j < hi; ++j) storeV_##C(copy, j, LOADF(j, p));                \
     if (me == items - 1)                                                               \
         for (size_t i = nv * VW; i < n; ++i) store1_##C(copy, i, p[i]);                \
 }
