@@ -13,16 +13,16 @@
 // order.
 //
 // Work split: vector j holds elements [VW j, VW j + VW) (VW below), and the
-// n % VW tail is done element by element. A kernel cuts its n / VW vectors into
-// equal regions (eps_check 4, 2 or 1 by the number of contributions, the
-// others 1) and each region into
-// get_global_size(0) contiguous chunks; work-item c walks chunk c of every
-// region in lockstep, and the last work-item also takes the vectors left over
-// past the regions and the tail. So one launch shape fits every device: on a
-// CPU, a few hundred work-items, each a long sequential stream per array
-// (short interleaved spans per work-item measured 20% slower); on a GPU, a
-// work-item per vector, adjacent items on adjacent vectors; on an FPGA, a
-// single work-item that walks everything, the shape of a kernel run as a task.
+// n % VW tail is done element by element. A kernel cuts its n / VW vectors
+// into equal regions (eps_check 4, 2 or 1 by the number of contributions, the
+// others 1) and each region into get_global_size(0) contiguous chunks;
+// work-item c walks chunk c of every region in lockstep, and the last
+// work-item also takes the vectors left over past the regions and the tail.
+// So one launch shape fits every device: on a CPU, a few hundred work-items,
+// each a long sequential stream per array (short interleaved spans per
+// work-item: the check measured 20% slower); on a GPU, a work-item per
+// vector, adjacent items on adjacent vectors; on an FPGA, a single work-item
+// that walks everything, the shape of a kernel run as a task.
 //
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in ushort) or f16 (binary16 bits in ushort); kernels are instantiated
@@ -160,16 +160,20 @@ inline void storeVnt_f16(__global ushort *c, size_t j, floatV x) { storeV_f16(c,
 // only: the update pass recomputes the sum instead of storing it.
 //
 // It is a pure read stream, so it must run at read bandwidth, and on two
-// cores that takes care: each work-item walks its chunk of all four regions
-// at once (four streams per contribution keep more lines in flight than one),
+// cores that takes care: each work-item walks its chunk of every region at
+// once (four regions for one contribution, two for two or three, one for
+// more: about four streams in all keep more lines in flight than one),
 // CHECK_UNROLL vectors of each per iteration. The verdict is the largest
 // magnitude seen, kept as integer bits in CHECK_UNROLL independent registers:
 // an element is inf or NaN exactly when its magnitude bits reach the all-ones
 // exponent, 0x7f800000 (the same verdict as isfinite). One integer max per
-// vector and one store at most. Measured on this project's 2-core host:
-// per-vector isfinite with a branch ran at half the read bandwidth; one
-// region, one vector per iteration at about 60% of torch.sum; four regions,
-// eight vectors per iteration at about 90%. Eight regions measured slower.
+// vector and one store at most. Measured on this project's 2-core host, as a
+// share of the memory roofline: one region, one vector per iteration, about
+// 60%; four regions, eight vectors per iteration, about 80%, where torch.sum
+// reads at 85-90%. Per-vector isfinite with a branch ran at half the read
+// bandwidth; eight regions measured slower than four. Software prefetch 16 KiB
+// ahead sped the check up alone but slowed it inside a step, where it runs
+// while the previous update's dirty lines drain.
 
 #define CHECK_UNROLL 8   /* vectors of each region a pass: CHECK_ONE written out 8 times below */
 // Regions for k contributions: about four streams (regions x contributions) at once.
@@ -189,14 +193,24 @@ inline size_t check_regions(uint k) { return k >= 4 ? 1 : k >= 2 ? 2 : 4; }
 
 #define EPS_CHECK(G, GT)                                                               \
 __kernel void eps_check_##G(__global const GT *g, __global int *finite,                \
-                            const uint n, const uint k, const float inv_scale) {        \
-    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);        \
+                            const uint n, const uint k, const float inv_scale) {       \
+    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
     const size_t regions = check_regions(k), region = nv / regions;                    \
     const size_t lo = chunk_start(region, me, items), hi = chunk_start(region, me + 1, items); \
     uintV top0 = (uintV)0, top1 = (uintV)0, top2 = (uintV)0, top3 = (uintV)0;          \
     uintV top4 = (uintV)0, top5 = (uintV)0, top6 = (uintV)0, top7 = (uintV)0;          \
     int bad_tail = 0;                                                                  \
     size_t t = lo;                                                                     \
+    /* one contribution, the common case: the same pass without a contributions loop */ \
+    if (k == 1) for (; t + CHECK_UNROLL <= hi; t += CHECK_UNROLL) {                    \
+        for (size_t r = 0; r < regions; ++r) {                                         \
+            const size_t j = r * region + t;                                           \
+            CHECK_ONE(G, g, j, n, 1, 0) CHECK_ONE(G, g, j + 1, n, 1, 1)                \
+            CHECK_ONE(G, g, j + 2, n, 1, 2) CHECK_ONE(G, g, j + 3, n, 1, 3)            \
+            CHECK_ONE(G, g, j + 4, n, 1, 4) CHECK_ONE(G, g, j + 5, n, 1, 5)            \
+            CHECK_ONE(G, g, j + 6, n, 1, 6) CHECK_ONE(G, g, j + 7, n, 1, 7)            \
+        }                                                                              \
+    }                                                                                  \
     for (; t + CHECK_UNROLL <= hi; t += CHECK_UNROLL) {                                \
         for (size_t r = 0; r < regions; ++r) {                                         \
             const size_t j = r * region + t;                                           \
@@ -209,9 +223,9 @@ __kernel void eps_check_##G(__global const GT *g, __global int *finite,         
     for (; t < hi; ++t) {                                                              \
         for (size_t r = 0; r < regions; ++r) CHECK_ONE(G, g, r * region + t, n, k, 0)  \
     }                                                                                  \
-    if (me == items - 1) {  /* the vectors past the regions, and the n % VW tail */     \
+    if (me == items - 1) {  /* the vectors past the regions, and the n % VW tail */    \
         for (size_t j = regions * region; j < nv; ++j) CHECK_ONE(G, g, j, n, k, 0)     \
-        for (size_t i = nv * VW; i < n; ++i) {                                          \
+        for (size_t i = nv * VW; i < n; ++i) {                                         \
             REDUCE1(G, g, i, n, k, acc)                                                \
             bad_tail |= !isfinite(acc * inv_scale);                                    \
         }                                                                              \
@@ -244,27 +258,27 @@ EPS_CHECK(f16, ushort)
 
 #define EPS_UPDATE(G, GT, C, CT)                                                       \
 __kernel void eps_update_##G##_##C(                                                    \
-        __global const GT *gr, __global float *p, __global float *m,                  \
-        __global float *v, __global CT *copy, __global const int *finite,               \
+        __global const GT *gr, __global float *p, __global float *m,                   \
+        __global float *v, __global CT *copy, __global const int *finite,              \
         const uint n, const uint k,                                                    \
         const float decay, const float b1, const float omb1, const float b2,           \
-        const float omb2, const float inv_bc2_sqrt, const float eps,                    \
-        const float neg_step, const float inv_scale) {                                  \
+        const float omb2, const float inv_bc2_sqrt, const float eps,                   \
+        const float neg_step, const float inv_scale) {                                 \
     if (*finite == 0) return;                                                          \
-    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);        \
+    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
     const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
     const int nt = STREAMING(C, copy);                                                 \
     for (size_t j = lo; j < hi; ++j) {                                                 \
         REDUCEV(G, gr, j, n, k, acc)                                                   \
         const floatV g = acc * inv_scale;                                              \
-        const floatV p0 = LOADF(j, p), m0 = LOADF(j, m), v0 = LOADF(j, v);          \
+        const floatV p0 = LOADF(j, p), m0 = LOADF(j, m), v0 = LOADF(j, v);             \
         ADAMW_BODY(floatV)                                                             \
-        STOREF(p2, j, p); STOREF(m1, j, m); STOREF(v1, j, v);                       \
+        STOREF(p2, j, p); STOREF(m1, j, m); STOREF(v1, j, v);                          \
         STOREV_COPY(C, copy, j, p2, nt);                                               \
     }                                                                                  \
     FENCE_IF(nt);                                                                      \
     if (me == items - 1) {  /* the n % VW tail */                                      \
-        for (size_t i = nv * VW; i < n; ++i) {                                          \
+        for (size_t i = nv * VW; i < n; ++i) {                                         \
             REDUCE1(G, gr, i, n, k, acc)                                               \
             const float g = acc * inv_scale;                                           \
             const float p0 = p[i], m0 = m[i], v0 = v[i];                               \
@@ -288,10 +302,10 @@ EPS_UPDATE_ALL_COPIES(f16, ushort)
 // The device copy of the current master weights (after allocate or load).
 
 #define EPS_COPY(C, CT)                                                                \
-__kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uint n) {  \
-    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);        \
+__kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uint n) { \
+    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
     const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
-    for (size_t j = lo; j < hi; ++j) storeV_##C(copy, j, LOADF(j, p));                \
+    for (size_t j = lo; j < hi; ++j) storeV_##C(copy, j, LOADF(j, p));                 \
     if (me == items - 1)                                                               \
         for (size_t i = nv * VW; i < n; ++i) store1_##C(copy, i, p[i]);                \
 }
