@@ -12,6 +12,7 @@ of UserError, not a crash.
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -98,8 +99,9 @@ def _check_boundaries(be: OpenCLBackend, n: int, k: int) -> list[int]:
     every lane of its unrolled pass and in the remainder after it (first chunk of the
     second region), the vectors left past the regions, and the tail, as eps.cl cuts them
     for this launch."""
-    from l2l.eps.opencl_backend import CHECK_UNROLL
+    from l2l.eps.opencl_backend import kernel_source
     from l2l.eps.opencl_backend import regions as regions_of
+    unroll = int(re.search(r"#define CHECK_UNROLL (\d+)", kernel_source()).group(1))
     items, _ = be.launch_shape("eps_check_f32", n, k)
     vw, regions = be.vector_width, regions_of("eps_check_f32", k)
     nv = n // vw
@@ -111,7 +113,7 @@ def _check_boundaries(be: OpenCLBackend, n: int, k: int) -> list[int]:
             j = r * region + start
             positions |= {j * vw, j * vw - 1, j * vw + vw - 1}
     first = region + starts[0]
-    positions |= {(first + u) * vw + u % vw for u in range(CHECK_UNROLL + 3)}
+    positions |= {(first + u) * vw + u % vw for u in range(unroll + 3)}
     return sorted(i for i in positions if 0 <= i < n)
 
 

@@ -38,15 +38,6 @@ INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl
                 "or 'pip install pocl-binary-distribution'")
 VECTOR_WIDTHS = (8, 16)  # elements per vector (VW in eps.cl): float8, or float16 where the device prefers it
 BINARY_VECTOR = 8  # what a prebuilt binary is assumed to use unless told (only the launch shape depends on it)
-CHECK_UNROLL = 8  # vectors of each region per pass of eps_check (eps.cl)
-
-
-def regions(kernel: str, k: int = 1) -> int:
-    """Regions kernel ``kernel`` (``eps_check_f32``...) walks at once for ``k`` contributions:
-    eps_check about four streams (check_regions in eps.cl), the others one."""
-    if kernel.startswith("eps_check"):
-        return 1 if k >= 4 else 2 if k >= 2 else 4
-    return 1
 # CPU devices: a work-item per contiguous chunk of at least MIN_CHUNK vectors (32 or 64 KiB
 # of fp32), at most CHUNKS_PER_CU per compute unit: long sequential streams, and enough chunks
 # that a thread slowed by other load hands its share to the others (16 to 256 chunks on
@@ -70,6 +61,14 @@ except cl.Error:
 """
 
 _SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["fp16"]: "f16"}
+
+
+def regions(kernel: str, k: int = 1) -> int:
+    """Regions kernel ``kernel`` (``eps_check_f32``...) walks at once for ``k`` contributions:
+    eps_check about four streams (check_regions in eps.cl), the others one."""
+    if kernel.startswith("eps_check"):
+        return 1 if k >= 4 else 2 if k >= 2 else 4
+    return 1
 
 
 def kernel_source() -> str:
@@ -144,7 +143,7 @@ class OpenCLBackend(EpsBackend):
                  binary: str | None = None, launch: str = "auto", min_chunk: int = MIN_CHUNK,
                  vector_width: int | None = None) -> None:
         """``launch``: the work shape (``launch_shape``). "chunks": a work-item per long
-        contiguous chunk of float8s, the shape for a CPU; "vectors": a work-item per float8,
+        contiguous chunk of vectors, the shape for a CPU; "vectors": a work-item per vector,
         the shape for a GPU; "task": a single work-item that walks everything, the shape of
         an FPGA kernel; "auto": task for kernels compiled with a required work-group size of
         1 (HLS kernels in an .xclbin), else chunks on a CPU device and vectors on others.
@@ -169,7 +168,9 @@ class OpenCLBackend(EpsBackend):
         self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
         self._check_kernels(binary)
-        cpu = bool(self.device.type & cl.device_type.CPU)
+        # On a CPU device the "device memory" is host memory: gradients and the
+        # device copy are used in place instead of being copied through buffers.
+        self._zero_copy = cpu = bool(self.device.type & cl.device_type.CPU)
         self._shape = {name: launch if launch != "auto" else
                        "task" if self._is_task(kernel) else "chunks" if cpu else "vectors"
                        for name, kernel in self._kernels.items()}
@@ -182,9 +183,6 @@ class OpenCLBackend(EpsBackend):
         self._flag_reset = np.ones(1, np.int32)  # never changed: the source of non-blocking resets
         cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=True)
         self._last_args: dict[str, tuple] = {}
-        # On a CPU device the "device memory" is host memory: gradients and the
-        # device copy are used in place instead of being copied through buffers.
-        self._zero_copy = bool(self.device.type & cl.device_type.CPU)
         self._host_buffers: dict[tuple[int, int], object] = {}
 
     # ------------------------------------------------------------ program
