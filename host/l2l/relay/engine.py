@@ -165,10 +165,7 @@ class RelayEngine:
         return skipped
 
     def _commit(self) -> tuple[int, float]:
-        """--overflow strict: apply the whole step or none of it; move the scale now."""
-        result = self.eps.commit(self.clip_grad_norm)
-        self.scaler.update(not result.finite)
-        return (0 if result.finite else len(self.layers)), result.grad_norm
+        return commit_held_step(self.eps, self.clip_grad_norm, [self.scaler], len(self.layers))
 
     # ------------------------------------------------------------ helpers
     def _split(self, batch: Batch):
@@ -341,6 +338,16 @@ class RelayEngine:
         self.eps.close()
         if hasattr(self.transport, "close"):
             self.transport.close()
+
+
+def commit_held_step(eps: EagerParamServer, clip_grad_norm: float | None, scalers: list[LossScaler],
+                     layers: int) -> tuple[int, float]:
+    """--overflow strict: apply the whole held step or none of it, and move every loss scale
+    now. (skipped layers, global gradient norm)."""
+    result = eps.commit(clip_grad_norm)
+    for scaler in scalers:
+        scaler.update(not result.finite)
+    return (0 if result.finite else layers), result.grad_norm
 
 
 @contextmanager

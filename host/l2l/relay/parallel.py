@@ -25,7 +25,7 @@ import torch
 from ..data import Batch
 from ..eps import EagerParamServer
 from ..models import LayerStack
-from .engine import RelayEngine, StepResult
+from .engine import RelayEngine, StepResult, commit_held_step
 
 
 class DataParallelRelay:
@@ -82,10 +82,8 @@ class DataParallelRelay:
             raise errors[0]
         skipped, grad_norm = results[0].skipped_layers, None
         if strict:
-            outcome = self.eps.commit(self.clip_grad_norm)
-            for w in self.workers:
-                w.scaler.update(not outcome.finite)
-            skipped, grad_norm = (0 if outcome.finite else len(self.layers)), outcome.grad_norm
+            skipped, grad_norm = commit_held_step(self.eps, self.clip_grad_norm,
+                                                  [w.scaler for w in self.workers], len(self.layers))
         return StepResult(
             loss=float(sum(r.loss for r in results)),  # each is its shard's share of the global mean
             tokens=batch.inputs.numel(),
