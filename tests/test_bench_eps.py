@@ -33,3 +33,24 @@ def test_bench_eps_mixed_dtypes_and_contributions(tmp_path):
     assert rows["numpy"]["bytes_per_elem"] == 3 * 2 + 4 + 28 + 2
     assert rows["opencl"]["bytes_per_elem"] == 2 * 3 * 2 + 24 + 2
     assert all(r["elems_per_s"] > 0 for r in rows.values() if r["status"] == "ok")
+
+
+def test_bench_eps_reports_its_bandwidth_states(tmp_path):
+    argv = ["--numel", "4096", "--repeats", "4", "--warmup", "0", "--no-deepspeed", "--out", str(tmp_path)]
+    run_eps_bench(argv)
+    result = json.loads((tmp_path / "bench_eps.json").read_text())
+    states = result["bandwidth_states"]
+    assert 1 <= len(states) <= 2 and sum(s["rounds"] for s in states) == 2  # 4 repeats, blocks of 2
+    for s in states:
+        lo, hi = s["roofline_gb_s"]
+        assert 0 < lo <= hi and set(s["fractions"]) >= {"numpy", "opencl", "torch-fused"}
+
+
+def test_rounds_split_into_bandwidth_states_at_the_widest_gap():
+    """A shared host that flips between about 70 and 140 GB/s: the rounds fall into two
+    states, cut where the rooflines jump; drift within one state is not a second state."""
+    from l2l.bench_eps import bandwidth_states
+    assert bandwidth_states({0: 72.0, 1: 141.0, 2: 75.0, 3: 69.0, 4: 138.0}) == [[3, 0, 2], [4, 1]]
+    assert bandwidth_states({0: 72.0, 1: 80.0, 2: 68.0, 3: 85.0}) == [[2, 0, 1, 3]]
+    assert bandwidth_states({0: 70.0}) == [[0]]
+    assert bandwidth_states({}) == []

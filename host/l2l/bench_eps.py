@@ -250,19 +250,35 @@ def _time_in_turn(methods: list[Method], warmup: int, repeats: int) -> None:
         round_ += 1
 
 
-def _same_round_fraction(m: Method, stream: list[Method], n: int) -> float | None:
-    """Median over rounds of (the method's GB/s / the best bandwidth kernel's GB/s) within
-    one round: the memory bandwidth a shared host grants drifts by tens of percent from
-    second to second, so a method is held against the roofline measured beside it."""
-    if not m.times:
-        return None
-    fractions = []
-    for r in sorted(set(m.rounds)):
-        mine = statistics.median(t for t, q in zip(m.times, m.rounds) if q == r)
-        roof = max(k.bytes_per_elem * n / statistics.median(t for t, q in zip(k.times, k.rounds) if q == r)
-                   for k in stream if r in k.rounds)
-        fractions.append(m.bytes_per_elem * n / mine / roof)
-    return statistics.median(fractions)
+def _round_rooflines(stream: list[Method], n: int) -> dict[int, float]:
+    """Each round's roofline, GB/s: the best bandwidth kernel's median in that round. The
+    bandwidth a shared host grants drifts from second to second, so a method is held
+    against the roofline measured beside it."""
+    rounds = sorted({r for k in stream for r in k.rounds})
+    return {r: max(k.bytes_per_elem * n / statistics.median(t for t, q in zip(k.times, k.rounds) if q == r) / 1e9
+                   for k in stream if r in k.rounds) for r in rounds}
+
+
+def _round_fractions(m: Method, roofs: dict[int, float], n: int) -> dict[int, float]:
+    """The method's bandwidth over the roofline, per round."""
+    return {r: m.bytes_per_elem * n / statistics.median(t for t, q in zip(m.times, m.rounds) if q == r) / 1e9
+            / roofs[r] for r in sorted(set(m.rounds))}
+
+
+STATE_RATIO = 1.3  # rounds whose rooflines differ by more than this are two bandwidth states
+
+
+def bandwidth_states(roofs: dict[int, float]) -> list[list[int]]:
+    """The rounds grouped by the bandwidth the host granted. Some shared hosts flip between
+    two states (here about 70 and 140 GB/s); a share of the roofline means little without
+    its state. One group unless the fastest round's roofline is over STATE_RATIO times the
+    slowest's; then two, cut at the widest gap between the sorted rooflines."""
+    order = sorted(roofs, key=roofs.__getitem__)
+    if not order or roofs[order[-1]] <= STATE_RATIO * roofs[order[0]]:
+        return [order] if order else []
+    gaps = [roofs[b] / roofs[a] for a, b in zip(order, order[1:])]
+    cut = max(range(len(gaps)), key=gaps.__getitem__) + 1
+    return [order[:cut], order[cut:]]
 
 
 def _row(m: Method, n: int) -> dict:
@@ -305,10 +321,13 @@ def run(args: argparse.Namespace) -> dict:
     minimum = k * gdtype.itemsize + 24 + cdtype.itemsize
     rows = [_row(m, n) for m in methods]
     ref = next(r for r in rows if r["method"] == "torch-fused")["elems_per_s"]
+    roofs = _round_rooflines(stream, n)
+    states = bandwidth_states(roofs)
+    per_round = {m.key: _round_fractions(m, roofs, n) for m in methods if m.times}
     for r, m in zip(rows, methods):
         ok = r["elems_per_s"] is not None
         r["roofline_fraction"] = r["gb_s"] / roofline if ok else None
-        r["roofline_fraction_same_round"] = _same_round_fraction(m, stream, n)
+        r["roofline_fraction_same_round"] = statistics.median(per_round[m.key].values()) if ok else None
         r["vs_torch_fused"] = r["elems_per_s"] / ref if ok else None
     return {
         "args": vars(args),
@@ -318,6 +337,11 @@ def run(args: argparse.Namespace) -> dict:
                 "loadavg_1min_after": os.getloadavg()[0]},
         "roofline": {"gb_s": roofline, "kernel": best["method"], "kernels": kernels,
                      "convention": "bytes read + bytes written; write-allocate reads not counted"},
+        "bandwidth_states": [
+            {"rounds": len(group), "roofline_gb_s": [min(roofs[q] for q in group), max(roofs[q] for q in group)],
+             "fractions": {key: statistics.median(f[q] for q in group if q in f)
+                           for key, f in per_round.items() if any(q in f for q in group)}}
+            for group in states],
         "minimum_bytes_per_elem": minimum,
         "bound_elems_per_s": roofline * 1e9 / minimum,
         "rows": rows,
@@ -354,7 +378,22 @@ def markdown(result: dict) -> str:
         body += (f"| {label} | {r['threads']} | {_num(eps, '.3f')} | {_num(r['bytes_per_elem'], 'g')} "
                  f"| {_num(r['gb_s'], '.1f')} | {frac} | {paired} | {_num(r['vs_torch_fused'], '.2f')} |\n")
     notes = "".join(f"- {r['method']}: {r['bytes_counted']}\n" for r in result["rows"] if r["bytes_counted"])
-    return head + body + "\nBytes counted per element:\n" + notes
+    return head + body + _states_markdown(result) + "\nBytes counted per element:\n" + notes
+
+
+def _states_markdown(result: dict) -> str:
+    """The same-round share of the roofline per bandwidth state, when the host changed state
+    during the run (see bandwidth_states)."""
+    states = result.get("bandwidth_states", [])
+    if len(states) < 2:
+        return ""
+    lines = ["", f"The host's bandwidth changed state during the run (round rooflines more than "
+                 f"{STATE_RATIO}x apart); the same-round share of the roofline in each:", ""]
+    for st in states:
+        lo, hi = st["roofline_gb_s"]
+        shares = ", ".join(f"{key} {f:.0%}" for key, f in st["fractions"].items())
+        lines.append(f"- {lo:.0f}–{hi:.0f} GB/s ({st['rounds']} rounds): {shares}")
+    return "\n".join(lines) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:

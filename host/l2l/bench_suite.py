@@ -47,6 +47,9 @@ def headline(eps: dict, relay: list[dict], memory: dict) -> dict:
     errors = [abs(r["prediction_error"]) for r in relay if "prediction_error" in r]
     return {
         "eps_opencl_roofline_fraction": opencl.get("roofline_fraction_same_round"),
+        "eps_opencl_roofline_fraction_by_state": [  # the host's bandwidth states (bench_eps.bandwidth_states)
+            {"roofline_gb_s": st["roofline_gb_s"], "fraction": st["fractions"].get("opencl")}
+            for st in eps.get("bandwidth_states", [])],
         "eps_opencl_vs_torch_fused": opencl.get("vs_torch_fused"),
         "l2l_vs_plain_ckpt_worst_at_m4_plus": max((r["ratio_vs_plain_ckpt"] for r in at_m4), default=None),
         "l2l_vs_plain_ckpt_best_at_m4_plus": min((r["ratio_vs_plain_ckpt"] for r in at_m4), default=None),
@@ -62,12 +65,21 @@ def _fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _by_state(states: list[dict]) -> str:
+    """' (76–82 GB/s: 79%; 139–150 GB/s: 73%)' when the host's bandwidth changed state."""
+    if len(states) < 2:
+        return ""
+    return " (" + "; ".join(f"{st['roofline_gb_s'][0]:.0f}–{st['roofline_gb_s'][1]:.0f} GB/s: "
+                            f"{_fmt(st['fraction'], '.0%')}" for st in states) + ")"
+
+
 def markdown(head: dict, parts: dict[str, str], seconds: float) -> str:
     spread = head["memory_spread"]
     lines = [
         f"# l2l performance suite ({seconds / 60:.1f} min)", "",
         "| figure | value |", "|---|---:|",
-        f"| OpenCL EPS, share of the memory roofline (same round) | {_fmt(head['eps_opencl_roofline_fraction'], '.0%')} |",
+        f"| OpenCL EPS, share of the memory roofline (same round) | {_fmt(head['eps_opencl_roofline_fraction'], '.0%')}"
+        f"{_by_state(head['eps_opencl_roofline_fraction_by_state'])} |",
         f"| OpenCL EPS vs torch fused AdamW (+ reduce + cast) | {_fmt(head['eps_opencl_vs_torch_fused'], '.2f')}x |",
         f"| l2l / plain+ckpt at M >= 4, best .. worst | {_fmt(head['l2l_vs_plain_ckpt_best_at_m4_plus'], '.3f')} .. "
         f"{_fmt(head['l2l_vs_plain_ckpt_worst_at_m4_plus'], '.3f')} |",
