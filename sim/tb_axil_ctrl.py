@@ -7,6 +7,8 @@ every AXI-Lite channel. Checked:
 - every argument register (offsets read from the ADDR_* localparams of the
   source, in the ARGS.md order) holds what was written, byte strobes honoured,
   and drives its arg_* port (64-bit buffers: low word, high word);
+- the status register (0x6C) reads the kernel's dma_error bit and ignores
+  writes;
 - unmapped offsets read 0 and writing them changes nothing;
 - ap_start: set by the host, visible on the port, cleared by the core's
   ap_ready unless auto_restart is set (then it stays set); ap_idle follows the
@@ -29,7 +31,7 @@ from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
 from tb_eps_kernel import ARG_NAMES, BUFFERS, register_map
 
-REG_CTRL, REG_GIE, REG_IER, REG_ISR = 0x00, 0x04, 0x08, 0x0C
+REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x6C
 
 
 def random_pause(rng: random.Random, p: float):
@@ -52,6 +54,7 @@ class TB:
         dut.ap_ready.value = 0
         dut.ap_done.value = 0
         dut.ap_idle.value = 1
+        dut.dma_error.value = 0
 
     async def reset(self):
         self.dut.rst.value = 1
@@ -95,8 +98,19 @@ async def test_arguments(dut):
     want["p"] = (want["p"] & ~(0xFFFF << 32)) | (0x1234 << 32)
     for name in ARG_NAMES:
         assert tb.port(name) == want[name], name
+    # status (0x6C, after the arguments): read-only, the kernel's dma_error bit
+    status = max(tb.regs.values()) + 4
+    assert status == REG_STATUS
+    await tb.axil.write_dword(status, 0xFFFF_FFFF)
+    assert await tb.axil.read_dword(status) == 0
+    tb.dut.dma_error.value = 1
+    assert await tb.axil.read_dword(status) == 1
+    await tb.axil.write_dword(status, 0)
+    assert await tb.axil.read_dword(status) == 1
+    tb.dut.dma_error.value = 0
+    assert await tb.axil.read_dword(status) == 0
     # unmapped offsets: read 0, writes ignored
-    top = max(tb.regs.values()) + 4
+    top = status + 4
     for addr in (top, top + 4, 0xFC, 0x100 + tb.regs["gr"], 0xFFC):   # no aliasing above 0xFF
         await tb.axil.write_dword(addr, 0xFFFF_FFFF)
         assert await tb.axil.read_dword(addr) == 0, hex(addr)

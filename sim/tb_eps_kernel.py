@@ -46,6 +46,7 @@ import logging
 import os
 import random
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16}
 ARG_NAMES = ["gr", "p", "m", "v", "copy", "finite", "n", "k", *StepScalars.names()]
 BUFFERS = ARG_NAMES[:6]
 
-REG_CTRL, REG_GIE, REG_IER, REG_ISR = 0x00, 0x04, 0x08, 0x0C
+REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x6C
 AP_START, AP_DONE, AP_IDLE, AP_READY = 1, 2, 4, 8
 SENTINEL = 0xA5A5_5A5A
 GUARD = 256                  # bytes checked around every buffer
@@ -217,6 +218,25 @@ class TB:
     def read_flag(self, lay: Layout) -> int:
         return self.ram["p"].read_dword(lay.finite)
 
+    @contextmanager
+    def failing(self, port: str, kind: str, lo: int, hi: int):
+        """Within the block, reads ("read") or writes ("write") of port's RAM at byte addresses
+        [lo, hi) fail: cocotbext-axi answers them SLVERR (a write is then not performed)."""
+        iface = self.ram[port].read_if if kind == "read" else self.ram[port].write_if
+        name = "_read" if kind == "read" else "_write"
+        real = getattr(iface, name)
+
+        async def fail_in_range(address, arg):
+            if lo <= address < hi:
+                raise OSError(f"injected {kind} error at {address:#x}")
+            return await real(address, arg)
+
+        setattr(iface, name, fail_in_range)
+        try:
+            yield
+        finally:
+            delattr(iface, name)   # the class's own method again
+
     # ---------------------------------------------------------------- control
     async def write_args(self, lay: Layout, n: int, k: int, s: StepScalars) -> None:
         vals = {name: getattr(lay, name) for name in BUFFERS}
@@ -321,6 +341,46 @@ async def test_cases(dut):
             if finite:
                 p, m, v = want[0], want[1], want[2]
             tb.log.info("%s: finite=%s, %d cycles", what, finite, cycles)
+
+
+@cocotb.test()
+async def test_memory_errors(dut):
+    """An SLVERR response on any master sets the status register's dma_error bit for that run.
+    A failed gradient read in the check pass writes flag 0 and leaves the layer as it was; the
+    next run clears the bit and updates bit for bit; a failed write during the update pass
+    still ends the run (ap_done), with the bit set."""
+    tb = TB(dut, int(os.environ.get("L2L_KERNEL_SEED", "1")) + 11)
+    await tb.reset()
+    tb.set_backpressure(float(os.environ.get("L2L_KERNEL_PAUSE", "0.2")))
+    n, K = 8 * tb.lanes + 3, 2
+    lay = tb.layout(n, K)
+    case = ev.make_case("train", tb.nprng, n, K, tb.gdtype)
+    tb.write_state(lay, case.p, case.m, case.v)
+    assert await tb.axil.read_dword(REG_STATUS) == 0
+    # a gradient read fails in the check pass: flag 0, the layer untouched
+    gb = tb.gw // 8
+    bad = lay.gr + (K * n * gb) // 2
+    with tb.failing("gr", "read", bad - bad % (gb * tb.lanes), bad + 1):
+        await tb.checked_update(lay, n, K, grads_of(case), case.s, False, None, "gradient read SLVERR")
+    assert await tb.axil.read_dword(REG_STATUS) == 1
+    # the next run, clean: the bit is cleared and the update is the golden model's
+    g, finite = case.reduced()
+    assert finite
+    want = case.updated(tb.cdtype, g)
+    await tb.checked_update(lay, n, K, grads_of(case), case.s, True, want, "clean run after the error")
+    assert await tb.axil.read_dword(REG_STATUS) == 0
+    # a write of m fails in the update pass: the run still ends, with the bit set
+    with tb.failing("m", "write", lay.m, lay.m + 4 * n):
+        await tb.update(lay, grads_of(case), n, K, case.s)
+    assert tb.read_flag(lay) == 1
+    assert await tb.axil.read_dword(REG_STATUS) == 1
+    # and a failed flag write skips the update
+    tb.write_state(lay, case.p, case.m, case.v)
+    with tb.failing("p", "write", lay.finite - lay.finite % tb.beat, lay.finite + 1):
+        await tb.update(lay, grads_of(case), n, K, case.s)
+    assert await tb.axil.read_dword(REG_STATUS) == 1
+    for name, got, before in zip("pmv", tb.read_state(lay, n), (case.p, case.m, case.v)):
+        assert_same(f"after a failed flag write: {name}", got, before)
 
 
 @cocotb.test()

@@ -16,7 +16,10 @@
   gradient (flag 0, p/m/v/copy untouched), random AXI pauses everywhere;
   every output bit for bit against the golden model l2l.eps.numerics.
 - ``test_kernel_fp16_and_edge_args``: n = 0, k = 0, k > 255 write the flag
-  only; the ap_ctrl_hs bits and the interrupt at the top level; fp16 gradients.
+  only; the ap_ctrl_hs bits and the interrupt at the top level; fp16 gradients;
+  memory errors (SLVERR on a gradient read, on a write of m, on the flag's
+  write): the status register's dma_error bit, the layer left as it was
+  where the kernel promises it.
 - ``test_kernel_throughput``: memory that never pauses; the update pass must
   move >= 0.95 elements per cycle per lane in steady state (K = 1); the
   numbers (check pass, update pass, steady state, K = 1 and 2) are printed.
@@ -124,8 +127,8 @@ def test_kernel_bitexact_lanes1():
 def test_kernel_fp16_and_edge_args():
     """LANES = 2, fp16 gradients, fp32 copy: n = 0 / k = 0 / k = 256 write the flag only, the
     ap_ctrl_hs bits at the top level; then layers of n = 2, 7, 8, 9 (K = 1, 2, 4) and an
-    overflowing scaled gradient (flag 0)."""
-    run_kernel(["test_edge_args", "test_cases"], lanes=2, gdtype="fp16", cdtype="fp32", burst=4,
+    overflowing scaled gradient (flag 0); then SLVERR responses and the status register."""
+    run_kernel(["test_edge_args", "test_cases", "test_memory_errors"], lanes=2, gdtype="fp16", cdtype="fp32", burst=4,
                block=4, L2L_KERNEL_SEED=13, L2L_KERNEL_CASES=cases(
                    {"kind": "train", "n": 2, "K": 1},
                    {"kind": "wide", "n": 7, "K": 4, "gr_off": 1},

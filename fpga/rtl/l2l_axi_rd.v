@@ -24,9 +24,9 @@
 // FIFO_DEPTH beats) has room for all of it and every burst before it, so the
 // R channel is never back-pressured by the engine and a memory with latency L
 // cycles keeps the stream at one beat per clock when FIFO_DEPTH >= L + BURST.
-// One AXI ID (0): data return in order. rresp is not checked (an error
-// response delivers whatever data the slave gives; the kernel cannot recover
-// a bad read anyway).
+// One AXI ID (0): data return in order. rresp is not looked at here (an
+// error response delivers whatever data the slave gives): the kernel watches
+// every response on its ports and reports errors (l2l_eps_kernel, status).
 `default_nettype none
 
 module l2l_axi_rd #(

@@ -17,7 +17,8 @@
 // engine's FIFO, so W never waits on the stream once a burst is announced
 // (an interconnect or HBM controller is never held by a half-fed burst) and
 // bursts go out back to back while the stream keeps up. Several bursts may
-// await their write responses (up to MAX_OUT); bresp is not checked.
+// await their write responses (up to MAX_OUT); bresp is not looked at here:
+// the kernel watches every response on its ports (l2l_eps_kernel, status).
 `default_nettype none
 
 module l2l_axi_wr #(

@@ -20,10 +20,13 @@
 //                 byte addresses (8 bytes each: low word, then high word), then
 //                 n, k and the nine step scalars (4 bytes each, binary32 bits
 //                 for the scalars). The ADDR_* localparams below are the map.
+//   0x6C status   bit0 dma_error R  an AXI read or write response of the last run
+//                                     was SLVERR or DECERR (the `dma_error` input;
+//                                     the kernel clears it when a run starts)
 //
 // `interrupt` = GIE & (ISR bit0 | ISR bit1). Every register reads back what
-// was written (unused bits read 0). Unmapped addresses read 0 and ignore
-// writes; responses are always OKAY.
+// was written (unused bits read 0); status is read-only. Unmapped addresses
+// read 0 and ignore writes; responses are always OKAY.
 //
 // Why: Vitis runs an RTL kernel through the same ap_ctrl_hs protocol and a
 // register map declared in kernel.xml; the one argument order shared with the
@@ -33,7 +36,7 @@
 `default_nettype none
 
 module l2l_axil_ctrl #(
-    parameter ADDR_W = 12    // address bits of s_axi_control, 7 .. 32 (the map ends at 0x6C; Vitis uses 12)
+    parameter ADDR_W = 12    // address bits of s_axi_control, 7 .. 32 (the map ends at 0x70; Vitis uses 12)
 ) (
     input  wire              clk,
     input  wire              rst,          // synchronous, active high
@@ -61,6 +64,7 @@ module l2l_axil_ctrl #(
     input  wire              ap_ready,     // pulse: the core took the start
     input  wire              ap_done,      // pulse: the run ended
     input  wire              ap_idle,
+    input  wire              dma_error,    // the run's status bit (0x6C)
     output wire [63:0]       arg_gr,
     output wire [63:0]       arg_p,
     output wire [63:0]       arg_m,
@@ -85,6 +89,7 @@ module l2l_axil_ctrl #(
     localparam [7:0] REG_GIE  = 8'h04;
     localparam [7:0] REG_IER  = 8'h08;
     localparam [7:0] REG_ISR  = 8'h0C;
+    localparam [7:0] REG_STATUS = 8'h6C;  // read-only, after the arguments
     // the arguments, in the shared order of fpga/ARGS.md (eps_update_<g>_<c>)
     localparam [7:0] ADDR_GR           = 8'h10;  // 64-bit: low word here, high word at +4
     localparam [7:0] ADDR_P            = 8'h18;
@@ -156,6 +161,8 @@ module l2l_axil_ctrl #(
                 rword = {30'd0, int_ier};
             else if (ra == REG_ISR)
                 rword = {30'd0, int_isr};
+            else if (ra == REG_STATUS)
+                rword = {31'd0, dma_error};
             else if (ra >= ADDR_GR && ra < ADDR_GR + 4 * NWORDS)
                 rword = args[(ra - ADDR_GR) >> 2];
         end

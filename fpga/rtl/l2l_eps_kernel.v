@@ -20,6 +20,15 @@
 // contract's skip). n = 0 writes flag 1 and nothing else; k = 0 or k > 255
 // writes flag 0 and nothing else.
 //
+// Memory errors: every read and write response on the five masters is
+// watched. One that is SLVERR or DECERR sets the status register's
+// dma_error bit (0x6C, l2l_axil_ctrl) until the next run starts. An error
+// on a gradient read during the check pass makes the flag 0 and skips the
+// update, so the layer stays as it was; an error on the flag's own write also
+// skips the update. An error during the update pass cannot be undone (p, m, v
+// are being rewritten in place): the run completes and the host, which reads
+// the status with the flag, must not trust the layer.
+//
 // Why this shape: the contract leaves a non-finite layer untouched, so the
 // flag must be known before the first write to p, m, v (ARGS.md: "Why a check
 // pass"); recomputing the reduction costs a second read of the gradients but
@@ -277,6 +286,19 @@ module l2l_eps_kernel #(
     always @(posedge ap_clk)
         rst <= !ap_rst_n;
 
+    // ------------------------------------------------------------ memory errors
+    // SLVERR (2'b10) and DECERR (2'b11) both have bit 1 set; OKAY and EXOKAY do not.
+    wire resp_err = (m_axi_gr_rvalid   && m_axi_gr_rready   && m_axi_gr_rresp[1])   ||
+                    (m_axi_p_rvalid    && m_axi_p_rready    && m_axi_p_rresp[1])    ||
+                    (m_axi_m_rvalid    && m_axi_m_rready    && m_axi_m_rresp[1])    ||
+                    (m_axi_v_rvalid    && m_axi_v_rready    && m_axi_v_rresp[1])    ||
+                    (m_axi_p_bvalid    && m_axi_p_bready    && m_axi_p_bresp[1])    ||
+                    (m_axi_m_bvalid    && m_axi_m_bready    && m_axi_m_bresp[1])    ||
+                    (m_axi_v_bvalid    && m_axi_v_bready    && m_axi_v_bresp[1])    ||
+                    (m_axi_copy_bvalid && m_axi_copy_bready && m_axi_copy_bresp[1]);
+    reg  dma_err;                  // sticky for a run: cleared when the next one starts
+    wire dma_err_now = dma_err || resp_err;
+
     // ------------------------------------------------------------ control registers
     wire        ap_start;
     wire        ap_ready, ap_done, ap_idle;
@@ -296,6 +318,7 @@ module l2l_eps_kernel #(
         .s_axi_control_rresp(s_axi_control_rresp), .s_axi_control_rvalid(s_axi_control_rvalid),
         .s_axi_control_rready(s_axi_control_rready), .interrupt(interrupt),
         .ap_start(ap_start), .ap_ready(ap_ready), .ap_done(ap_done), .ap_idle(ap_idle),
+        .dma_error(dma_err),
         .arg_gr(a_gr), .arg_p(a_p), .arg_m(a_m), .arg_v(a_v), .arg_copy(a_copy), .arg_finite(a_finite),
         .arg_n(a_n), .arg_k(a_k), .arg_decay(a_decay), .arg_b1(a_b1), .arg_omb1(a_omb1), .arg_b2(a_b2),
         .arg_omb2(a_omb2), .arg_inv_bc2_sqrt(a_inv_bc2_sqrt), .arg_eps(a_eps), .arg_neg_step(a_neg_step),
@@ -583,7 +606,9 @@ module l2l_eps_kernel #(
             wr_cmd_c   <= 1'b0;
             upd_started <= 1'b0;
             chk_left   <= 32'd0;
+            dma_err    <= 1'b0;
         end else begin
+            if (resp_err) dma_err <= 1'b1;
             flag_clear <= 1'b0;
             gen_start  <= 1'b0;
             if (rd_cmd_p && rd_rdy_p) rd_cmd_p <= 1'b0;
@@ -595,6 +620,7 @@ module l2l_eps_kernel #(
             if (wr_cmd_c && wc_rdy_c) wr_cmd_c <= 1'b0;
             case (state)
                 S_IDLE: if (ap_start) begin
+                    dma_err <= 1'b0;              // a new run: the last one's errors are read by now
                     r_gr   <= a_gr;   r_p <= a_p;   r_m <= a_m;   r_v <= a_v;
                     r_copy <= a_copy; r_finite <= a_finite;
                     r_n    <= a_n;    r_k <= a_k[7:0];
@@ -620,7 +646,7 @@ module l2l_eps_kernel #(
                         state <= S_SAMPLE;        // the flag is final one edge after the last beat
                 end
                 S_SAMPLE: begin
-                    fl_word    <= {31'd0, red_finite};
+                    fl_word    <= {31'd0, red_finite && !dma_err_now};   // a bad gradient read: skip
                     fl_awvalid <= 1'b1;
                     fl_wvalid  <= 1'b1;
                     fl_done    <= 1'b0;
@@ -631,7 +657,7 @@ module l2l_eps_kernel #(
                     if (m_axi_p_wready)  fl_wvalid  <= 1'b0;
                     if (m_axi_p_bvalid)  fl_done    <= 1'b1;
                     if (fl_done) begin
-                        if (fl_word[0]) begin
+                        if (fl_word[0] && !dma_err_now) begin
                             rd_cmd_p <= 1'b1; rd_cmd_m <= 1'b1; rd_cmd_v <= 1'b1;
                             wr_cmd_p <= 1'b1; wr_cmd_m <= 1'b1; wr_cmd_v <= 1'b1; wr_cmd_c <= 1'b1;
                             upd_started <= 1'b0;
