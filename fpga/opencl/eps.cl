@@ -40,7 +40,6 @@
 #endif
 #if VW == 8
 #define floatV float8
-#define intV int8
 #define uintV uint8
 #define ushortV ushort8
 #define floatH float4            /* VW ushorts seen as floats (the bf16 streaming store) */
@@ -50,12 +49,10 @@
 #define convert_ushortV convert_ushort8
 #define as_floatV as_float8
 #define as_floatH as_float4
-#define as_intV as_int8
 #define as_uintV as_uint8
 #define NT_REG "x"               /* a ymm register for floatV (floatH always takes "x") */
 #elif VW == 16
 #define floatV float16
-#define intV int16
 #define uintV uint16
 #define ushortV ushort16
 #define floatH float8
@@ -65,7 +62,6 @@
 #define convert_ushortV convert_ushort16
 #define as_floatV as_float16
 #define as_floatH as_float8
-#define as_intV as_int16
 #define as_uintV as_uint16
 #define NT_REG "v"               /* a zmm register (AVX-512) */
 #else
