@@ -29,7 +29,7 @@ from eps_oracle import (  # tests/ is on sys.path under pytest
     wide_grad_bits,
 )
 
-from eps_twin import DTYPES, Twin, grads_of, wide_state
+from eps_twin import DTYPES, Twin, assert_same, grads_of, wide_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
@@ -154,10 +154,6 @@ def test_check_finds_every_position(launch, vector_width, k):
 # --------------------------------------------------------------------------
 
 
-def _same_bits(a, b) -> bool:
-    return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
-
-
 def test_a_step_that_fails_midway_leaves_the_next_whole(monkeypatch):
     """The finite flag is reset at the end of a step, not at the start of the next. A step
     whose check cleared it and whose update then failed to launch must still leave it set:
@@ -184,8 +180,9 @@ def test_a_step_that_fails_midway_leaves_the_next_whole(monkeypatch):
     g = (rng.standard_normal(n) * 1e-3).astype(np.float32)
     a, b = np.empty(n, np.float32), np.empty(n, np.float32)
     assert be.step(0, [g], s, a) and ref.step(0, [g], s, b)
-    assert _same_bits(a, b)
-    assert all(_same_bits(x, y) for x, y in zip(be.read_state(0), ref.read_state(0)))
+    assert_same(a, b, "device copy after the failed step")
+    for name, x, y in zip("pmv", be.read_state(0), ref.read_state(0)):
+        assert_same(x, y, f"{name} after the failed step")
 
 
 def test_hyperparameters_changed_between_steps_reach_the_kernel():
@@ -207,7 +204,7 @@ def test_hyperparameters_changed_between_steps_reach_the_kernel():
             s = StepScalars.compute(hyper, t, divisor=float(1 + layer))
             a, b = np.empty(n, np.float32), np.empty(n, np.float32)
             assert be.step(layer, [g], s, a) and ref.step(layer, [g], s, b)
-            assert _same_bits(a, b), f"step {t} layer {layer} hyper {hyper}"
+            assert_same(a, b, f"step {t} layer {layer} hyper {hyper}")
 
 
 def test_kernel_arguments_compare_by_bits():
