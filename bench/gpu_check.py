@@ -33,7 +33,7 @@ from l2l.config import TrainConfig
 from l2l.data import BatchSampler, load_corpus
 from l2l.models import build_stack, family
 from l2l.relay.engine import RelayEngine
-from l2l.train import build_engine, resolve_device
+from l2l.build import build_engine, resolve_device
 
 
 def _sampler(corpus, cfg: TrainConfig) -> BatchSampler:

@@ -12,7 +12,7 @@ import torch
 from l2l.data import BatchSampler, load_corpus
 from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack, family
-from l2l.plain import PlainEngine
+from l2l.baseline import PlainEngine
 from l2l.relay.engine import RelayEngine
 
 CPU = torch.device("cpu")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from l2l.bench_eps import run_eps_bench
+from l2l.bench.eps import run_eps_bench
 
 
 def test_bench_eps_writes_json_and_table(tmp_path):
@@ -49,7 +49,7 @@ def test_bench_eps_reports_its_bandwidth_states(tmp_path):
 def test_rounds_split_into_bandwidth_states_at_the_widest_gap():
     """A shared host that flips between about 70 and 140 GB/s: the rounds fall into two
     states, cut where the rooflines jump; drift within one state is not a second state."""
-    from l2l.bench_eps import bandwidth_states
+    from l2l.bench.eps import bandwidth_states
     assert bandwidth_states({0: 72.0, 1: 141.0, 2: 75.0, 3: 69.0, 4: 138.0}) == [[3, 0, 2], [4, 1]]
     assert bandwidth_states({0: 72.0, 1: 80.0, 2: 68.0, 3: 85.0}) == [[2, 0, 1, 3]]
     assert bandwidth_states({0: 70.0}) == [[0]]

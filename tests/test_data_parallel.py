@@ -17,7 +17,7 @@ from l2l.config import TrainConfig
 from l2l.data import BatchSampler
 from l2l.metrics import read_metrics
 from l2l.models import build_stack, family
-from l2l.train import build_engine
+from l2l.build import build_engine
 
 from conftest import ROOT, run_cli
 

@@ -11,7 +11,7 @@ from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
 from l2l.relay.scaler import LossScaler
 
-from l2l.plain import PlainEngine
+from l2l.baseline import PlainEngine
 
 from conftest import CPU, run_cli, sampler_for
 

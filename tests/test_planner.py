@@ -10,12 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from l2l import planner
+from l2l.planner import measure as planner_measure
 from l2l.config import TrainConfig
 from l2l.models import build_stack
-from l2l.planner import (Rates, _meta_layer_shapes, calibrate, choose_micro_batches, fit_calibration,
-                         gpt_layer_shapes, layer_shapes, measure_rates, predict, run_plan, time_relay_steps)
-from l2l.train import build_engine
+from l2l.planner import (Rates, meta_layer_shapes, calibrate, choose_micro_batches, fit_calibration,
+                         gpt_layer_shapes, layer_shapes, measure_rates, predict, time_relay_steps)
+from l2l.planner.command import run_plan
+from l2l.build import build_engine
 
 from conftest import CPU, run_cli, sampler_for
 
@@ -38,7 +39,7 @@ def test_gpt_parameter_counts_equal_the_real_stack(layers, d, seq):
 def test_counting_on_the_meta_device_agrees_with_the_formulas():
     cfg = TrainConfig(layers=2, d_model=32, heads=2, seq_len=16)
     # the meta count cannot tell which matmuls the recompute skips: it assumes none
-    assert _meta_layer_shapes(cfg) == [replace(s, tail_matmul_params=0) for s in gpt_layer_shapes(2, 32, 16)]
+    assert meta_layer_shapes(cfg) == [replace(s, tail_matmul_params=0) for s in gpt_layer_shapes(2, 32, 16)]
 
 
 def test_hf_models_are_counted_from_their_stack():
@@ -158,7 +159,7 @@ def test_host_stash_copies_are_paid_on_a_real_link():
 def test_calibration_recovers_the_efficiency_and_the_per_call_cost(monkeypatch):
     """Steps timed as the model says (efficiency 0.6, 150 µs a call) give those back."""
     truth = Rates(flops_per_s=2e11, efficiency=0.6, per_call_s=150e-6, eps_elems_per_s=1e12)
-    monkeypatch.setattr(planner, "time_relay_steps",
+    monkeypatch.setattr(planner_measure, "time_relay_steps",
                         lambda cfgs, device, **kw: [predict(c, truth).step_s for c in cfgs])
     cfg = TrainConfig(layers=8, d_model=256, heads=4, seq_len=128, batch_size=16, micro_batches=4)
     fitted = calibrate(cfg, Rates(flops_per_s=2e11, eps_elems_per_s=1e12), "cpu")
@@ -167,7 +168,7 @@ def test_calibration_recovers_the_efficiency_and_the_per_call_cost(monkeypatch):
     points = fitted.notes["calibration"]["points"]
     assert [p["micro_batches"] for p in points] == [1, 8] and fitted.notes["calibration"]["layers"] == 4
     # no per-call cost in the times: none fitted, and never a negative one
-    monkeypatch.setattr(planner, "time_relay_steps", lambda cfgs, device, **kw: [
+    monkeypatch.setattr(planner_measure, "time_relay_steps", lambda cfgs, device, **kw: [
         predict(c, replace(truth, per_call_s=0.0)).step_s * (1.02 if c.micro_batches == 1 else 1.0) for c in cfgs])
     fitted = calibrate(cfg, Rates(flops_per_s=2e11, eps_elems_per_s=1e12), "cpu")
     assert fitted.per_call_s == 0.0 and fitted.efficiency == pytest.approx(0.6, rel=0.03)

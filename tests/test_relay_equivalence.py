@@ -83,7 +83,7 @@ def test_recompute_replays_the_forward_dropout_masks(corpus):
 def test_plain_accumulating_over_micro_batches_takes_the_same_step(corpus):
     """`--engine plain --accumulate` (the same-M baseline of `l2l bench relay`) trains what
     the whole-batch step trains."""
-    from l2l.plain import PlainEngine
+    from l2l.baseline import PlainEngine
     cfg = ModelConfig(layers=2, d_model=32, heads=2, seq_len=32)
     sampler = sampler_for(corpus, cfg, batch_size=8)
     runs = []

@@ -6,7 +6,7 @@ A :class:`TrainConfig` is what the CLI parses and what a checkpoint records;
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from .errors import UserError
 from .models import FAMILIES, ModelConfig
@@ -16,6 +16,7 @@ DEVICES = ("auto", "cpu", "cuda")
 STASH = ("device", "host")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OVERFLOW = ("eager", "strict")
+PLAN_MODES = ("auto", "calibrated", "quick", "off")
 
 # Settings that define the trajectory of a run: a resume must not change them.
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
@@ -90,11 +91,6 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
     def trajectory(self) -> dict:
         d = self.to_dict()
         d["schedule_steps"] = self.total_schedule_steps
@@ -150,7 +146,6 @@ class TrainConfig:
         need(self.eval_batches >= 1, "--eval-batches must be positive")
         need(self.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1")
         need(self.seed >= 0, "--seed must be >= 0")
-        from .forecast import PLAN_MODES
         need(self.plan is None or self.plan in PLAN_MODES,
              f"unknown --plan {self.plan!r}; choose one of {', '.join(PLAN_MODES)}")
         need(not (self.accumulate and self.engine == "l2l"),

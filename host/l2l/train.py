@@ -18,77 +18,18 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
+from . import distributed
+from .build import build_engine, resolve_device
 from .config import TrainConfig
-from .forecast import forecast
 from .data import BatchSampler, load_corpus
-from .eps import AdamWHyper, EagerParamServer, make_backend
+from .engine import Engine
 from .errors import UserError
+from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
-from .plain import PlainEngine
-from .relay.engine import RelayEngine
-from . import distributed
-from .relay.parallel import DataParallelRelay
-from .relay.transport import make_transport
-from .schedule import lr_at
+from .planner.forecast import forecast
 
 FORMAT = "l2l-train/1"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is visible to this PyTorch build")
-    return torch.device(name)
-
-
-def hyper_of(cfg: TrainConfig) -> AdamWHyper:
-    return AdamWHyper(lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
-                      weight_decay=cfg.weight_decay)
-
-
-def build_engine(cfg: TrainConfig, stack, device: torch.device, *, rank: int = 0, world: int = 1):
-    """The engine of ``cfg``; under torchrun, this machine's (``rank`` of ``world``): it
-    runs micro-batches ``rank*M/world ..`` of the global M, and its EPS all-reduces."""
-    if cfg.engine == "plain":
-        return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
-                           precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm,
-                           micro_batches=cfg.micro_batches if cfg.accumulate else 1)
-    devices = worker_devices(device, cfg.devices)
-    transports = [make_transport(d) for d in devices]
-    eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
-                           copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
-                           host_alloc=transports[0].host_alloc,
-                           all_reduce=distributed.cross_machine_reduce() if world > 1 else None)
-    m = cfg.micro_batches // world
-    if cfg.devices == 1:
-        return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,
-                           seed=cfg.seed, transport=transports[0], precision=cfg.precision,
-                           overflow=cfg.overflow, clip_grad_norm=cfg.clip_grad_norm, micro_batch_offset=rank * m)
-    stacks = [stack] + [build_stack(cfg.model_config(), cfg.seed) for _ in devices[1:]]
-    return DataParallelRelay(stacks, eps, devices, micro_batches=m, stash=cfg.stash,
-                             seed=cfg.seed, precision=cfg.precision, overflow=cfg.overflow,
-                             clip_grad_norm=cfg.clip_grad_norm, transports=transports,
-                             dropout=cfg.dropout > 0, micro_batch_offset=rank * m)
-
-
-def worker_devices(device: torch.device, count: int) -> list[torch.device]:
-    """``count`` relay workers: GPUs 0..count-1 (from this process's first), or the CPU ``count`` times."""
-    if device.type != "cuda":
-        return [device] * count
-    first = device.index or 0
-    if first + count > torch.cuda.device_count():
-        raise UserError(f"--devices {count}: only {torch.cuda.device_count() - first} CUDA device(s) visible")
-    return [torch.device("cuda", first + i) for i in range(count)]
-
-
-def set_lr(engine, lr: float) -> None:
-    if isinstance(engine, RelayEngine):
-        engine.eps.hyper = replace(engine.eps.hyper, lr=lr)
-    else:
-        for group in engine.optimizer.param_groups:
-            group["lr"] = lr
 
 
 @dataclass
@@ -148,9 +89,6 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if world > 1:
         if cfg.engine != "l2l":
             raise UserError("torchrun with several machines needs --engine l2l")
-        if cfg.micro_batches % (world * cfg.devices):
-            raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
-                            f"({world} x {cfg.devices})")
         if rank != 0:  # rank 0 speaks and writes for the run
             cfg = replace(cfg, progress=False, plot=False, plan="off")
     out = Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
@@ -183,7 +121,8 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
         engine.close()
 
 
-def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, rank=0, world=1) -> RunSummary:
+def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, saved, rank=0,
+         world=1) -> RunSummary:
     main = rank == 0
     start = 0
     initial_val = None
@@ -223,7 +162,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, r
         for step in range(start, cfg.steps):
             lr = lr_at(step, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                        total_steps=cfg.total_schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
-            set_lr(engine, lr)
+            engine.set_lr(lr)
             batch = sampler.next()
             _fault_kill_at(step)
             t0 = time.perf_counter()

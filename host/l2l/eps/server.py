@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -30,6 +31,8 @@ from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
+
+HISTORY_STEPS = 4  # update records kept: this many steps' worth (one record per layer and step)
 
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
 
@@ -75,7 +78,9 @@ class EagerParamServer:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-update")
         self.wait_seconds = 0.0    # time callers spent blocked on pending updates
         self.update_seconds = 0.0  # time the worker spent updating
-        self.history: list[UpdateRecord] = []
+        # the latest updates, oldest first: bounded (a few steps' worth), read through records_since
+        self.history: deque[UpdateRecord] = deque()
+        self.records_total = 0  # records ever made: a reader's cursor
         self.all_reduce = all_reduce
         self._summed: dict[int, np.ndarray] = {}  # held layers' all-reduced gradients (strict + machines)
         self._holding = False
@@ -180,7 +185,7 @@ class EagerParamServer:
         if not finite:
             self._summed.clear()
             for layer in checks:
-                self.history.append(UpdateRecord(layer, self._steps[layer], False))
+                self._record(UpdateRecord(layer, self._steps[layer], False))
             return CommitResult(False, norm, coef)
         with self._lock:
             for layer, (_, _, divisor, loss_scale, hyper) in checks.items():
@@ -211,6 +216,22 @@ class EagerParamServer:
             if self._error is None:
                 self._error = exc
             raise
+
+    def _record(self, record: UpdateRecord) -> None:
+        with self._lock:
+            self.history.append(record)
+            self.records_total += 1
+            while len(self.history) > HISTORY_STEPS * max(1, len(self._numel)):
+                self.history.popleft()
+
+    def records_since(self, cursor: int) -> tuple[list[UpdateRecord], int]:
+        """The update records made since ``cursor`` (a former ``records_total``), and the new cursor.
+        Only the last :data:`HISTORY_STEPS` steps' records are kept: a reader reads every step."""
+        with self._lock:
+            missed = self.records_total - cursor
+            if missed > len(self.history):
+                raise RuntimeError(f"{missed - len(self.history)} update records were dropped before they were read")
+            return list(self.history)[len(self.history) - missed:], self.records_total
 
     def poll(self) -> None:
         """Raise the first worker error, if any."""
@@ -247,7 +268,7 @@ class EagerParamServer:
                 self._steps[layer] = t
             self.update_seconds += time.perf_counter() - start
             record = UpdateRecord(layer, self._steps[layer], finite)
-            self.history.append(record)
+            self._record(record)
             return record
         except BaseException as exc:  # surfaced to the relay by poll()/fetch()
             if self._error is None:

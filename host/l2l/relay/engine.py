@@ -14,12 +14,13 @@ layer on its worker while the relay goes on -- and free the layer.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ..data import Batch
+from ..engine import StepResult
 from ..eps import EagerParamServer
 from ..models import Layer, LayerStack
 from .binding import WeightBinding
@@ -29,20 +30,6 @@ from .rng import derive_seed, replay_rng
 from .scaler import LossScaler, scaler_for
 from .stash import BoundaryStore
 from .transport import make_transport
-
-
-@dataclass
-class StepResult:
-    loss: float
-    tokens: int
-    eps_wait_s: float
-    device_peak_bytes: int
-    device_weight_peak_bytes: int
-    loss_scale: float = 1.0      # the scale this step's backward used
-    # layers whose update was skipped for a non-finite gradient: in eager mode those of the
-    # previous step (known when its updates settle), with --overflow strict this step's
-    skipped_layers: int = 0
-    grad_norm: float | None = None   # global gradient norm (--overflow strict only)
 
 
 class _FetchedLayer:
@@ -151,13 +138,12 @@ class RelayEngine:
         ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i, self.contributor))
         self.eps.push_gradient(i, self.contributor, divisor=1.0, loss_scale=scale, ready=ready)
 
-    def _settle_previous_step(self) -> int:
+    def settle_previous_step(self) -> int:
         """Wait for the previous step's updates (the forward needs layer 0 first, whose
         update is queued last, so this costs no overlap), count the layers whose
         gradient overflowed, and move the loss scale."""
         self.eps.synchronize()
-        records = self.eps.history[self._history_seen:]
-        self._history_seen = len(self.eps.history)
+        records, self._history_seen = self.eps.records_since(self._history_seen)
         if not records or self.overflow == "strict":  # strict: settled at commit
             return 0
         skipped = sum(not r.finite for r in records)
@@ -193,7 +179,7 @@ class RelayEngine:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         wait_before = self.eps.wait_seconds
-        skipped = self._settle_previous_step()
+        skipped = self.settle_previous_step()
         scale = self.scaler.scale
         # Backward runs on the loss mean times the scale, so fp16 gradients have the
         # magnitude torch's GradScaler would give; the EPS divides the scale out
@@ -314,19 +300,28 @@ class RelayEngine:
         finally:
             self.stack.train(True)
 
+    def set_lr(self, lr: float) -> None:
+        """Updates pushed from now on use ``lr`` (the EPS reads its hyper-parameters at push time)."""
+        self.eps.hyper = replace(self.eps.hyper, lr=lr)
+
     # ------------------------------------------------------------ state
     def state_tensors(self) -> dict[str, np.ndarray]:
         return self.eps.state_tensors()
 
     def state_meta(self) -> dict:
-        self._settle_previous_step()
+        self.settle_previous_step()
         return {**self.eps.state_meta(), "loss_scaler": self.scaler.state_dict()}
 
     def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
         self.eps.load_state(tensors, meta)
+        self.adopt_loaded_state(meta)
+
+    def adopt_loaded_state(self, meta: dict) -> None:
+        """The shared EPS was just loaded (by this worker or another): take the checkpoint's
+        loss scale and start reading update records from here."""
         if "loss_scaler" in meta:
             self.scaler.load_state_dict(meta["loss_scaler"])
-        self._history_seen = len(self.eps.history)
+        self._history_seen = self.eps.records_total
 
     def master_weights(self) -> list[np.ndarray]:
         """fp32 master weights per layer (for tests and comparison with the baseline)."""

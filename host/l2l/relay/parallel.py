@@ -25,7 +25,8 @@ import torch
 from ..data import Batch
 from ..eps import EagerParamServer
 from ..models import LayerStack
-from .engine import RelayEngine, StepResult, commit_held_step
+from ..engine import StepResult
+from .engine import RelayEngine, commit_held_step
 
 
 class DataParallelRelay:
@@ -98,20 +99,21 @@ class DataParallelRelay:
     def evaluate(self, batches: list[Batch]) -> float:
         return self.workers[0].evaluate(batches)
 
+    def set_lr(self, lr: float) -> None:
+        self.workers[0].set_lr(lr)  # the workers share one EPS
+
     def state_tensors(self) -> dict[str, np.ndarray]:
         return self.eps.state_tensors()
 
     def state_meta(self) -> dict:
         for w in self.workers:
-            w._settle_previous_step()
+            w.settle_previous_step()
         return self.workers[0].state_meta()
 
     def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
         self.workers[0].load_state(tensors, meta)
         for w in self.workers[1:]:
-            if "loss_scaler" in meta:
-                w.scaler.load_state_dict(meta["loss_scaler"])
-            w._history_seen = len(self.eps.history)
+            w.adopt_loaded_state(meta)
 
     def master_weights(self) -> list[np.ndarray]:
         return self.workers[0].master_weights()

@@ -15,21 +15,23 @@ from pathlib import Path
 
 import torch
 
-from .config import TrainConfig
-from .train import resolve_device
+from ..build import resolve_device
+from ..config import TrainConfig
+from ..data import BatchSampler, load_corpus
+from ..errors import UserError
+from ..models import family
+from ..options import Parser
+from .timing import time_engines
 
 
 def run(args) -> list[dict]:
-    from .bench import _time_engines
-    from .data import BatchSampler, load_corpus
-    from .models import family
     device = resolve_device(args.device)
     base = TrainConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq_len=args.seq_len,
                        batch_size=args.batch_size, micro_batches=args.micro_batches, eps=args.eps,
                        device=device.type, progress=False)
     sampler = BatchSampler(load_corpus(None).train, base.seq_len, base.batch_size,
                            family(base.model).objective, seed=0)
-    timed = _time_engines({k: replace(base, devices=k).check() for k in args.workers}, sampler,
+    timed = time_engines({k: replace(base, devices=k).check() for k in args.workers}, sampler,
                           args.steps, args.warmup)
     one = timed[args.workers[0]]["step_s"]
     rows = []
@@ -53,8 +55,7 @@ def markdown(rows: list[dict], args) -> str:
 
 
 def _parser():
-    from .cli import _Parser
-    p = _Parser(prog="l2l bench workers", description=__doc__)
+    p = Parser(prog="l2l bench workers", description=__doc__)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=256)
@@ -71,7 +72,6 @@ def _parser():
 
 
 def run_workers_bench(argv: list[str]) -> int:
-    from .errors import UserError
     args = _parser().parse_args(argv)
     if any(args.micro_batches % k for k in args.workers):
         raise UserError(f"--micro-batches {args.micro_batches} must be a multiple of every worker count")

@@ -13,61 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
-from .config import TrainConfig
-from .data import BatchSampler, load_corpus
-from .errors import UserError
-from .models import build_stack, family
-from .train import build_engine, resolve_device
-
-
-def _time_engines(configs: dict[str, TrainConfig], sampler: BatchSampler, steps: int,
-                  warmup: int) -> dict[str, dict]:
-    """Median step time of each engine, stepping them in turn so that drift in the
-    machine's speed (other load, clocks) falls on all of them alike; for the relay
-    also the share of the step its EPS spent updating (busy) and it spent waiting."""
-    device = resolve_device(next(iter(configs.values())).device)
-    engines = {name: build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
-               for name, cfg in configs.items()}
-    times = {name: [] for name in engines}
-    waits = {name: [] for name in engines}
-    peaks = {name: 0 for name in engines}
-    busy = {name: 0.0 for name in engines}
-    try:
-        for step in range(warmup + steps):
-            batch = sampler.batch(step)
-            for name, engine in engines.items():
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                eps = getattr(engine, "eps", None)
-                before = eps.update_seconds if eps is not None else 0.0
-                t0 = time.perf_counter()
-                result = engine.train_step(batch, step)
-                if eps is not None:  # the step's updates belong to the step
-                    eps.synchronize()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                if step >= warmup:
-                    if eps is not None:
-                        busy[name] += eps.update_seconds - before
-                    times[name].append(time.perf_counter() - t0)
-                    waits[name].append(result.eps_wait_s)
-                    peaks[name] = max(peaks[name], result.device_peak_bytes)
-    finally:
-        for engine in engines.values():
-            engine.close()
-    out = {}
-    for name in engines:
-        median = statistics.median(times[name])
-        out[name] = {"step_s": median, "eps_wait_share": statistics.median(waits[name]) / median,
-                     "eps_busy_share": busy[name] / sum(times[name]), "device_peak_bytes": peaks[name]}
-    return out
+from ..build import resolve_device
+from ..config import TrainConfig
+from ..data import BatchSampler, load_corpus
+from ..models import family
+from ..options import BATCH, DEVICE, MODEL, RELAY, Parser, add_options
+from ..planner import calibrate, measure_rates, predict
+from .timing import time_engines
 
 
 def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
@@ -86,7 +41,7 @@ def relay_vs_plain(args: argparse.Namespace) -> list[dict]:
         configs.update({_l2l(m, st): replace(base, micro_batches=m, stash=st) for m in ms for st in stashes})
         configs.update({f"plain_ckpt_m{m}": replace(base, engine="plain", checkpointing=True, accumulate=True,
                                                     micro_batches=m) for m in ms if m > 1})
-        timed = _time_engines(configs, sampler, args.steps, args.warmup)
+        timed = time_engines(configs, sampler, args.steps, args.warmup)
         predicted = _predictions(base, [configs[_l2l(m, stashes[0])] for m in ms], args) if args.plan else {}
         for m, stash in ((m, st) for m in ms for st in stashes):
             l2l, ckpt, plain = timed[_l2l(m, stash)], timed["plain_ckpt"], timed["plain"]
@@ -123,7 +78,6 @@ _RATES: dict = {}
 def _predictions(base: TrainConfig, cfgs: list[TrainConfig], args: argparse.Namespace) -> dict[int, float]:
     """The planner's step time for each relay configuration (micro-batches -> s), from
     rates measured and calibrated once per model width on this machine."""
-    from .planner import calibrate, measure_rates, predict
     key = (base.model, base.d_model, base.heads, base.seq_len, base.batch_size, base.device)
     if key not in _RATES:
         device = resolve_device(base.device)
@@ -155,41 +109,18 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
-    p = _Parser(prog="l2l bench relay", description=__doc__)
-    p.add_argument("--model", default="gpt")
-    p.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16])
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--stash", nargs="+", default=["device"], choices=["device", "host"],
-                   help="stash policies to time (several: stepped in turn, compared with the first)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
+    p = Parser(prog="l2l bench relay", description=__doc__)
+    shape = {"layers": [2, 4, 8, 16], "micro_batches": [1, 2, 4, 8], "d_model": 256, "heads": 4, "seq_len": 128,
+             "batch_size": 16, "stash": ["device"]}
+    add_options(p, [o for o in MODEL if o.flag != "--dropout"] + list(BATCH) + list(DEVICE)
+                + [o for o in RELAY if o.flag == "--stash"],
+                defaults=shape, several=("layers", "micro_batches", "stash"))
+    p.add_argument("--steps", type=int, default=8, help="timed steps per engine (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default %(default)s)")
     p.add_argument("--no-plan", dest="plan", action="store_false",
                    help="skip the planner's predictions (they calibrate on a few relay steps first)")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default="bench/results", help="folder for the JSON and Markdown results")
     return p
-
-
-def run_bench(what: str, argv: list[str]) -> int:
-    if what == "memory":
-        from .bench_memory import run_memory_bench
-        run_memory_bench(argv)
-        return 0
-    if what == "workers":
-        from .bench_workers import run_workers_bench
-        return run_workers_bench(argv)
-    if what == "suite":
-        from .bench_suite import run_suite
-        return run_suite(argv)
-    if what != "relay":
-        raise UserError(f"unknown benchmark {what!r}; available: relay, eps, memory, workers, suite")
-    run_relay_bench(argv)
-    return 0
 
 
 def run_relay_bench(argv: list[str]) -> list[dict]:

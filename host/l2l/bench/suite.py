@@ -15,11 +15,14 @@ import json
 import time
 from pathlib import Path
 
-from .cli import _Parser
+from ..options import Parser
+from .eps import markdown as eps_markdown, run_eps_bench_result
+from .memory import run_memory_bench
+from .relay import run_relay_bench
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog="l2l bench suite", description=__doc__)
+def _parser() -> Parser:
+    p = Parser(prog="l2l bench suite", description=__doc__)
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the suite runs, measures nothing useful")
     p.add_argument("--out", default="bench/results")
     return p
@@ -99,9 +102,6 @@ def markdown(head: dict, parts: dict[str, str], seconds: float) -> str:
 
 
 def run_suite(argv: list[str]) -> int:
-    from .bench import run_relay_bench
-    from .bench_eps import markdown as eps_markdown, run_eps_bench_result
-    from .bench_memory import run_memory_bench
     args = _parser().parse_args(argv)
     sizes = _sizes(args.quick)
     out = ["--out", args.out]

@@ -1,4 +1,4 @@
-"""The baseline: the same layer stack trained in memory with torch.optim.AdamW.
+"""The baseline engine (``--engine plain``): the same layer stack trained in memory with torch.optim.AdamW.
 
 Every weight lives on the device for the whole step and the full batch runs
 at once (or, with ``micro_batches`` M > 1, as M micro-batches whose gradients
@@ -22,9 +22,9 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .data import Batch
+from .engine import StepResult
 from .eps import AdamWHyper
 from .models import LayerStack
-from .relay.engine import StepResult
 from .relay.scaler import LossScaler
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -72,8 +72,9 @@ class PlainEngine:
                  else self._call(block, x))
         return self._call(post, x, batch.targets.to(self.device))
 
-    def train_step(self, batch: Batch, step: int) -> StepResult:
+    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
         self.stack.train(True)
+        divisor = global_targets or batch.num_targets
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.optimizer.zero_grad(set_to_none=True)
@@ -81,7 +82,7 @@ class PlainEngine:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for mb in batch.split(self.micro_batches):  # gradients accumulate over micro-batches
             part = self._loss_sum(mb)
-            loss = part / batch.num_targets
+            loss = part / divisor
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += part.detach()
         if self.scaler:
@@ -98,7 +99,7 @@ class PlainEngine:
             self.optimizer.step()
         weight_bytes = sum(p.numel() * p.element_size() * 2 for m in self.modules for p in m.parameters())
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else weight_bytes
-        return StepResult(loss=loss_sum.item() / batch.num_targets, tokens=batch.inputs.numel(),
+        return StepResult(loss=loss_sum.item() / divisor, tokens=batch.inputs.numel(),
                           eps_wait_s=0.0, device_peak_bytes=peak, device_weight_peak_bytes=weight_bytes,
                           loss_scale=scale, skipped_layers=skipped, grad_norm=grad_norm)
 
@@ -110,6 +111,10 @@ class PlainEngine:
             return total / sum(b.num_targets for b in batches)
         finally:
             self.stack.train(True)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     # ------------------------------------------------------------ state
     # Checkpoints use the EPS's format -- per layer, flat fp32 p, m, v and a

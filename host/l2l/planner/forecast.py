@@ -19,9 +19,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .config import TrainConfig
+from ..config import TrainConfig
+from .measure import calibrate, calibration_micro_batches, measure_rates
+from .model import predict
+from .report import summary_line
 
-PLAN_MODES = ("auto", "calibrated", "quick", "off")
 CALIBRATION_SHARE = 0.05  # auto calibrates when that costs at most this share of the run,
 CALIBRATION_FREE_S = 3.0  # or at most this many seconds
 
@@ -51,7 +53,6 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
     """The planner's prediction for ``cfg`` on ``device`` (None for the plain engine or mode off)."""
     if mode == "off" or cfg.engine != "l2l":
         return None
-    from .planner import calibrate, measure_rates, predict
     rates = measure_rates(device, cfg, calibrate_steps=False)
     calibrated = mode == "calibrated"
     if mode == "auto":
@@ -61,12 +62,10 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
         rates = calibrate(cfg, rates, device)
     p = predict(cfg, rates)
     return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes, calibrated=calibrated,
-                    text=p.summary())
+                    text=summary_line(p))
 
 
 def _calibration_cost_s(cfg: TrainConfig, rates) -> float:
     """Seconds :func:`l2l.planner.calibrate` would take: 6 steps at M=1 and M=max (4 blocks)."""
-    from .planner import _divisors, predict
     small = replace(cfg, layers=max(1, min(cfg.layers, 4)))
-    ms = {1, max(m for m in _divisors(cfg.batch_size) if m <= 8)}
-    return 6 * sum(predict(replace(small, micro_batches=m), rates).step_s for m in ms)
+    return 6 * sum(predict(replace(small, micro_batches=m), rates).step_s for m in calibration_micro_batches(cfg))

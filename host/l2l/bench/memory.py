@@ -15,14 +15,16 @@ from pathlib import Path
 
 import torch
 
-from .config import TrainConfig
-from .errors import UserError
-from .models import build_stack
-from .train import build_engine, resolve_device
+from ..build import build_engine, resolve_device
+from ..config import TrainConfig
+from ..errors import UserError
+from ..models import build_stack
+from ..options import Parser
+from ..planner.measure import synthetic_batch
+from ..planner.model import Rates, predict
 
 
 def _peak(cfg: TrainConfig, device: torch.device) -> tuple[int, int]:
-    from .planner import synthetic_batch
     engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
     try:
         batch = synthetic_batch(cfg)
@@ -36,7 +38,6 @@ def _peak(cfg: TrainConfig, device: torch.device) -> tuple[int, int]:
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
-    from .planner import predict, Rates
     device = resolve_device(args.device)
     base = TrainConfig(d_model=args.d_model, heads=args.heads, seq_len=args.seq_len,
                        device=device.type, progress=False)
@@ -82,8 +83,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
-    p = _Parser(prog="l2l bench memory", description=__doc__)
+    p = Parser(prog="l2l bench memory", description=__doc__)
     p.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16, 32], help="depths of the depth sweep")
     p.add_argument("--micro-batches", type=int, default=4, help="M in the depth sweep")
     p.add_argument("--fixed-layers", type=int, default=4, help="depth in the micro-batch sweep")

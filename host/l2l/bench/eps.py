@@ -36,10 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .eps import BACKENDS, AdamWHyper, StepScalars, make_backend
-from .eps.numerics import COPY_DTYPES, GRAD_DTYPES
-from .errors import UserError
-from .hostmem import aligned_empty
+from ..eps import BACKENDS, AdamWHyper, StepScalars, make_backend
+from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from ..errors import UserError
+from ..hostmem import aligned_empty
+from ..options import Parser
 
 _TORCH_DTYPES = {COPY_DTYPES["fp32"]: torch.float32, COPY_DTYPES["bf16"]: torch.bfloat16,
                  COPY_DTYPES["fp16"]: torch.float16}
@@ -397,8 +398,7 @@ def _states_markdown(result: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
-    p = _Parser(prog="l2l bench eps", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="l2l bench eps", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--numel", type=int, default=16 << 20, help="elements in the layer (default %(default)s)")
     p.add_argument("-k", "--contributions", type=int, default=1, help="gradient contributions K (default 1)")
     p.add_argument("--grad-dtype", choices=list(GRAD_DTYPES), default="fp32")

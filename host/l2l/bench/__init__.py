@@ -1,0 +1,33 @@
+"""``l2l bench``: the benchmarks, one module each, and the suite that runs the main three.
+
+relay (step time against the plain baseline), eps (update throughput against the
+memory roofline), memory (device memory against depth and M, ledger and audit),
+workers (1, 2, 4 relay workers on one EPS), suite (eps, relay and memory, with the
+headline figures, and ``docs/results.md`` regenerated).
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+
+BENCHMARKS = ("relay", "eps", "memory", "workers", "suite")
+
+
+def run_bench(what: str, argv: list[str]) -> int:
+    if what == "relay":
+        from .relay import run_relay_bench
+        run_relay_bench(argv)
+    elif what == "eps":
+        from .eps import run_eps_bench
+        return run_eps_bench(argv)
+    elif what == "memory":
+        from .memory import run_memory_bench
+        run_memory_bench(argv)
+    elif what == "workers":
+        from .workers import run_workers_bench
+        return run_workers_bench(argv)
+    elif what == "suite":
+        from .suite import run_suite
+        return run_suite(argv)
+    else:
+        raise UserError(f"unknown benchmark {what!r}; available: {', '.join(BENCHMARKS)}")
+    return 0

@@ -1,0 +1,69 @@
+"""A :class:`~l2l.config.TrainConfig` turned into an engine: the one place that knows
+which engine class plays the :class:`~l2l.engine.Engine` role for a configuration."""
+from __future__ import annotations
+
+import torch
+
+from . import distributed
+from .baseline import PlainEngine
+from .config import TrainConfig
+from .engine import Engine
+from .eps import AdamWHyper, EagerParamServer, make_backend
+from .errors import UserError
+from .models import LayerStack, build_stack
+from .relay.engine import RelayEngine
+from .relay.parallel import DataParallelRelay
+from .relay.transport import make_transport
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible to this PyTorch build")
+    return torch.device(name)
+
+
+def hyper_of(cfg: TrainConfig) -> AdamWHyper:
+    return AdamWHyper(lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
+                      weight_decay=cfg.weight_decay)
+
+
+def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, rank: int = 0,
+                 world: int = 1) -> Engine:
+    """The engine of ``cfg`` around ``stack``; under torchrun, this machine's (``rank`` of
+    ``world``): it runs micro-batches ``rank*M/world ..`` of the global M, and its EPS
+    all-reduces. ``cfg`` is expected checked (:meth:`TrainConfig.check`)."""
+    if cfg.micro_batches % (world * cfg.devices):
+        raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
+                        f"({world} x {cfg.devices})")
+    if cfg.engine == "plain":
+        return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
+                           precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm,
+                           micro_batches=cfg.micro_batches if cfg.accumulate else 1)
+    devices = worker_devices(device, cfg.devices)
+    transports = [make_transport(d) for d in devices]
+    eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
+                           copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
+                           host_alloc=transports[0].host_alloc,
+                           all_reduce=distributed.cross_machine_reduce() if world > 1 else None)
+    m = cfg.micro_batches // world
+    if cfg.devices == 1:
+        return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,
+                           seed=cfg.seed, transport=transports[0], precision=cfg.precision,
+                           overflow=cfg.overflow, clip_grad_norm=cfg.clip_grad_norm, micro_batch_offset=rank * m)
+    stacks = [stack] + [build_stack(cfg.model_config(), cfg.seed) for _ in devices[1:]]
+    return DataParallelRelay(stacks, eps, devices, micro_batches=m, stash=cfg.stash,
+                             seed=cfg.seed, precision=cfg.precision, overflow=cfg.overflow,
+                             clip_grad_norm=cfg.clip_grad_norm, transports=transports,
+                             dropout=cfg.dropout > 0, micro_batch_offset=rank * m)
+
+
+def worker_devices(device: torch.device, count: int) -> list[torch.device]:
+    """``count`` relay workers: GPUs 0..count-1 (from this process's first), or the CPU ``count`` times."""
+    if device.type != "cuda":
+        return [device] * count
+    first = device.index or 0
+    if first + count > torch.cuda.device_count():
+        raise UserError(f"--devices {count}: only {torch.cuda.device_count() - first} CUDA device(s) visible")
+    return [torch.device("cuda", first + i) for i in range(count)]

@@ -1,0 +1,131 @@
+"""Command-line options, each defined once.
+
+``l2l train``, ``l2l plan`` and the benchmarks take their model-shape and run
+options from the groups here, so a flag has one name, one type, one default
+(:class:`~l2l.config.TrainConfig`'s) and one help text everywhere. Values are
+checked by :meth:`TrainConfig.check`, which words every mistake as one line.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Sequence
+
+from .config import DEVICES, ENGINES, OVERFLOW, PLAN_MODES, PRECISIONS, STASH, TrainConfig
+from .errors import UserError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UserError` (one line, exit 2) instead of printing usage first."""
+
+    def error(self, message: str):  # noqa: D401
+        raise UserError(message)
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str = ""
+    type: Callable | None = None
+    action: str | None = None  # "store_true" / "store_false"
+    dest: str | None = None     # the TrainConfig field, when not the flag's own name
+
+    @property
+    def field(self) -> str:
+        return self.dest or self.flag.lstrip("-").replace("-", "_")
+
+
+def _one_of(names: Sequence[str]) -> str:
+    return " | ".join(names)
+
+
+MODEL = (
+    Option("--model", "model family: gpt | hf-gpt2 | hf-bert (default %(default)s)"),
+    Option("--layers", "transformer blocks (default %(default)s)", int),
+    Option("--d-model", "width (default %(default)s)", int),
+    Option("--heads", "attention heads (default %(default)s)", int),
+    Option("--seq-len", "tokens per sequence (default %(default)s)", int),
+    Option("--dropout", "dropout probability (default %(default)s)", float),
+)
+BATCH = (
+    Option("--batch-size", "global batch: sequences per step (default %(default)s)", int),
+    Option("--micro-batches", "M: the relay runs each layer over M micro-batches; must divide --batch-size "
+           "(default %(default)s)", int),
+)
+DEVICE = (
+    Option("--device", f"{_one_of(DEVICES)} (default %(default)s)"),
+)
+RELAY = (
+    Option("--engine", f"{_one_of(ENGINES)} (default %(default)s)"),
+    Option("--devices", "relay workers in this box, one per GPU (CPU workers without one), all feeding one EPS "
+           "(default %(default)s)", int),
+    Option("--stash", f"{_one_of(STASH)}: where stashed activations wait (default %(default)s)"),
+    Option("--precision", f"{_one_of(PRECISIONS)}: what the device computes in (fp16 with dynamic loss scaling; "
+           "default %(default)s)"),
+    Option("--overflow", f"{_one_of(OVERFLOW)}; eager: an overflowing layer skips its own update (default); strict: updates wait for "
+           "the end of backward and the whole step is applied or skipped, as torch's GradScaler does"),
+    Option("--clip-grad-norm", "clip gradients to this global L2 norm (needs --overflow strict with --engine l2l)",
+           float),
+    Option("--checkpointing", "plain engine: recompute blocks in backward", action="store_true"),
+    Option("--accumulate", "plain engine: run the batch as --micro-batches micro-batches, accumulating "
+           "gradients (default: the whole batch at once)", action="store_true"),
+)
+EPS = (
+    Option("--eps", "EPS backend: numpy | opencl | hls-csim (default %(default)s; see `l2l info`)"),
+    Option("--cl-platform", "OpenCL platform: index or name substring (env L2L_CL_PLATFORM)"),
+    Option("--cl-device", "OpenCL device: index or name substring (env L2L_CL_DEVICE)"),
+    Option("--cl-binary", "precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS"),
+)
+OPTIMIZER = (
+    Option("--steps", "optimizer steps (default %(default)s)", int),
+    Option("--schedule-steps", "length of the cosine learning-rate schedule (default: --steps)", int),
+    Option("--lr", "peak learning rate (default %(default)s)", float),
+    Option("--min-lr-ratio", "the schedule's floor as a share of --lr (default %(default)s)", float),
+    Option("--warmup-steps", "linear warm-up steps (default %(default)s)", int),
+    Option("--weight-decay", "AdamW's decoupled weight decay (default %(default)s)", float),
+    Option("--beta1", "AdamW beta1 (default %(default)s)", float),
+    Option("--beta2", "AdamW beta2 (default %(default)s)", float),
+    Option("--adam-eps", "AdamW epsilon (default %(default)s)", float),
+    Option("--seed", "seeds the initial weights, the data order and dropout (default %(default)s)", int),
+)
+RUN = (
+    Option("--data", "text file or folder (default: this Python's stdlib sources)"),
+    Option("--out", "run directory (default runs/MODEL-ENGINE)"),
+    Option("--resume", "continue the run in --out from its latest checkpoint", action="store_true"),
+    Option("--eval-every", "steps between validations (0: at the end only; default %(default)s)", int),
+    Option("--eval-batches", "validation batches (default %(default)s)", int),
+    Option("--save-every", "steps between checkpoints (0: at the end only; default %(default)s)", int),
+    Option("--keep-checkpoints", "checkpoints kept (default %(default)s)", int),
+    Option("--check-every", "under torchrun: steps between checks that every machine holds the same master "
+           "weights (default %(default)s)", int),
+    Option("--no-progress", "no progress bar or messages", action="store_false", dest="progress"),
+    Option("--no-plot", "no metrics.png", action="store_false", dest="plot"),
+    Option("--plan", f"planner forecast printed beside the measured step time: {_one_of(PLAN_MODES)} (default "
+           "auto: calibrates when that costs <= 5%% of the run; off with --no-progress)"),
+)
+TRAIN = MODEL + BATCH + DEVICE + RELAY + EPS + OPTIMIZER + RUN
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option], *,
+                defaults: dict | None = None, several: Sequence[str] = ()) -> None:
+    """Add ``options`` to ``parser`` with TrainConfig's defaults, or ``defaults`` (by field);
+    the fields in ``several`` take one or more values (a benchmark's sweep)."""
+    base = TrainConfig().to_dict()
+    defaults = defaults or {}
+    for opt in options:
+        default = defaults.get(opt.field, base[opt.field])
+        kwargs = {"dest": opt.field, "help": opt.help}
+        if opt.action:
+            kwargs["action"] = opt.action
+        else:
+            kwargs.update(type=opt.type, default=default)
+            if opt.field in several:
+                kwargs.update(nargs="+", default=list(default) if isinstance(default, (list, tuple)) else [default])
+        parser.add_argument(opt.flag, **kwargs)
+
+
+def config_from(args: argparse.Namespace, **overrides) -> TrainConfig:
+    """The TrainConfig of parsed ``args`` (fields they do not carry keep their defaults)."""
+    names = {f.name for f in fields(TrainConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names}
+    return replace(TrainConfig(**given), **overrides)

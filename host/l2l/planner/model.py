@@ -1,0 +1,467 @@
+"""The model of a relay step: predict a relay step's time and memory before running it.
+
+From the model's shape (a :class:`~l2l.config.TrainConfig`) and three rates of
+the machine -- the device's compute rate (FLOP/s), the host<->device link
+(bytes/s; the CPU device is zero-copy) and the EPS update rate (elements/s) --
+:func:`predict` replays the relay's schedule (``relay/engine.py``) layer by
+layer and returns a :class:`Prediction`: step time, how much of the weight and
+gradient traffic hides under compute, how much of the EPS's work is exposed,
+device memory (what the relay's ledger counts, plus a rough estimate of one
+layer's transient activations) and host memory. :func:`~l2l.planner.measure.measure_rates` measures
+the rates here; :func:`choose_micro_batches` picks M; ``command.py`` is ``l2l plan``.
+
+The model, in short (each term is stated where it is computed):
+
+* **FLOPs.** A layer's forward over ``t`` tokens is ``2 * w * t`` for the ``w``
+  weights it multiplies with (biases, norms and embedding gathers are not
+  matmuls), plus ``4 * b * T^2 * d`` for causal attention in a block (``QK^T``
+  and ``AV``; counted whole although half of it is masked). The relay runs each
+  block forward once, then recomputes it (1x) and back-propagates (2x): 4x
+  the forward in all, less what the recompute skips -- it stops once backward
+  has every tensor it needs, before a GPT block's output projection (``4d^2``
+  of its ``12d^2`` matmul weights). The post stage runs forward and backward
+  once: 3x.
+* **Compute time** of one layer over one micro-batch is ``flops / (rate *
+  efficiency) + per_call_s`` for a forward call, three times that for a
+  recompute + backward call. ``rate`` is a dense matmul's rate at the
+  micro-batch's GEMM shape (measured, or given). ``efficiency`` and
+  ``per_call_s`` (launches, autograd, Python, OpenMP fork/join: what a call
+  costs whatever its size) are fitted to real relay steps of the same shape
+  cut to 4 blocks, at M = 1 and M = 8 (:func:`calibrate`): attention, norms,
+  GELU and small micro-batches keep the relay below the matmul's rate, and
+  the pure-FLOP model (efficiency 1, no per-call cost) predicts steps 16-28%
+  too short here.
+* **Transfers** (CUDA): a layer's weights cross the link twice per step
+  (forward, backward) and its gradient once. Weights move on a copy stream
+  while the previous layer computes (the relay prefetches one layer ahead), so
+  per layer the step advances by about ``max(compute_i, transfer_{i+1})``;
+  gradients go out on a second stream (full duplex). On the CPU the transport
+  hands the EPS buffers to torch: no transfer at all.
+* **EPS.** Each layer's update is queued on one worker as soon as its gradient
+  is out, and runs ``numel / eps_rate`` seconds, in order. The next step needs
+  layer 0 first, whose update is queued last, so what the worker has not
+  finished when the backward ends is exposed; the rest hides under backward.
+
+Accuracy on the project's 2-core CPU (torch 2.13, 2 threads, quiet machine),
+gpt d 256, 4 heads, seq 128, batch 16, the ``l2l bench relay`` grid (2-16
+blocks, M = 1, 2, 4, 8), rates measured and calibrated once on that shape:
+within 3.3% (mean 1.4%) of the relay timed alone (median of 5 steps), within
+14% (mean 5.5%) of ``l2l bench relay`` run in the same session, which steps
+six engines in turn and so times each relay 1-13% slower than alone, the more
+so the larger M.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from ..config import TrainConfig
+from ..errors import UserError
+from .shapes import EPS_STATE_BYTES, LayerShape, dtype_bytes_of, layer_shapes
+
+# ---------------------------------------------------------------- rates
+
+@dataclass(frozen=True)
+class Rates:
+    """What the machine does per second, measured (:func:`measure_rates`) or given.
+
+    ``flops_per_s`` is a dense matmul's rate. ``efficiency`` is the relay's
+    achieved share of it and ``per_call_s`` its fixed cost per layer per
+    micro-batch per forward call (a recompute + backward call counts 3), both
+    fitted by :func:`calibrate`; given rates default to the pure-FLOP model
+    (1 and 0). ``link_bytes_per_s`` is host->device, None for a zero-copy
+    device (the CPU); ``link_out_bytes_per_s`` device->host, defaulting to it.
+    """
+
+    flops_per_s: float
+    link_bytes_per_s: float | None = None
+    eps_elems_per_s: float = 5e8
+    efficiency: float = 1.0
+    per_call_s: float = 0.0
+    link_out_bytes_per_s: float | None = None
+    device: str = "cpu"
+    notes: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.flops_per_s > 0 or not self.eps_elems_per_s > 0 or not self.efficiency > 0:
+            raise UserError("compute rate, EPS rate and efficiency must be positive")
+        for bw in (self.link_bytes_per_s, self.link_out_bytes_per_s):
+            if bw is not None and not bw > 0:
+                raise UserError("link bandwidth must be positive (or None for a zero-copy device)")
+        if self.per_call_s < 0:
+            raise UserError("per-call overhead must be >= 0")
+
+    @property
+    def zero_copy(self) -> bool:
+        return self.link_bytes_per_s is None or math.isinf(self.link_bytes_per_s)
+
+    def seconds_in(self, nbytes: float) -> float:
+        return 0.0 if self.zero_copy else nbytes / self.link_bytes_per_s
+
+    def seconds_out(self, nbytes: float) -> float:
+        if self.zero_copy:
+            return 0.0
+        return nbytes / (self.link_out_bytes_per_s or self.link_bytes_per_s)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- prediction
+
+@dataclass
+class Prediction:
+    """A relay step, predicted. Times in seconds, memory in bytes."""
+
+    config: dict
+    dtype_bytes: int
+    params: int
+    layer_params: list[int]
+    tokens: int
+    flops: float                 # model FLOPs of one step, recompute included
+    step_s: float
+    compute_s: float             # device busy computing (forward + post + backward)
+    forward_s: float
+    post_s: float
+    backward_s: float
+    transfer_s: float            # link busy with weights in and gradients out
+    transfer_exposed_s: float    # what the transfers add to the step
+    transfer_hidden_share: float  # 1 - exposed / total (1.0 when nothing moves)
+    stash_transfer_s: float      # --stash host on a real link: synchronous, never hidden
+    eps_update_s: float          # the EPS worker's busy time per step
+    eps_exposed_s: float         # what the EPS adds to the step
+    device_weight_bytes: int     # weights + gradient buffers at their peak
+    device_ledger_bytes: int     # what the relay's ledger peaks at (device_peak_bytes on the CPU)
+    activation_bytes: int        # rough: one layer's recompute over one micro-batch
+    device_total_bytes: int      # ledger + activations
+    host_eps_bytes: int          # EPS state: p, m, v, device copy, gradient inbox
+    host_stash_bytes: int        # --stash host: the stashed boundaries
+    host_total_bytes: int
+    rates: dict
+    layers_detail: list[dict] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.flops / self.step_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_s"] = self.tokens_per_s
+        d["achieved_flops_per_s"] = self.achieved_flops_per_s
+        return d
+
+
+
+@dataclass
+class _Pass:
+    layer: int
+    kind: str            # "fwd" | "post" | "bwd"
+    compute_s: float
+    weights_in_s: float  # this pass's weight fetch over the link
+    grad_out_s: float    # its gradient's way back (post and bwd)
+    eps_s: float         # its layer's update (post and bwd)
+
+
+def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int) -> list[_Pass]:
+    """The relay's passes in order, with their compute and link times (engine.train_step)."""
+    m = cfg.micro_batches
+    b = cfg.batch_size // m
+    rate = rates.flops_per_s * rates.efficiency
+    act = b * cfg.seq_len * cfg.d_model * db  # one micro-batch's boundary tensor
+    last = len(shapes) - 1
+    stash_moves = not rates.zero_copy and cfg.stash == "host"
+
+    def compute(shape: LayerShape, kind: str) -> float:
+        # per micro-batch: the FLOPs at the achieved rate, plus the fixed cost of a
+        # call, counted like the FLOPs (a recompute + backward call is 3 forward calls)
+        calls = 1 if kind == "fwd" else 3
+        return m * (shape.pass_flops(kind, b, cfg.seq_len, cfg.d_model) / rate + calls * rates.per_call_s)
+
+    def stash_s(n_out: int, n_in: int) -> float:
+        # --stash host copies each boundary synchronously, on the compute stream
+        return m * (rates.seconds_out(n_out * act) + rates.seconds_in(n_in * act)) if stash_moves else 0.0
+
+    passes = []
+    for i in range(last):  # forward: put act(i+1) (out); get act(i) (in) for i >= 1
+        passes.append(_Pass(i, "fwd", compute(shapes[i], "fwd") + stash_s(1, 1 if i else 0),
+                            rates.seconds_in(shapes[i].params * db), 0.0, 0.0))
+    # post: pop act(last) (in), put grad(last) (out); forward and backward at once
+    s = shapes[last]
+    passes.append(_Pass(last, "post", compute(s, "post") + stash_s(1, 1), rates.seconds_in(s.params * db),
+                        rates.seconds_out(s.params * db), s.params / rates.eps_elems_per_s))
+    for i in range(last - 1, -1, -1):  # backward: pop act(i), pop grad(i+1) (in); put grad(i) (out)
+        s = shapes[i]
+        passes.append(_Pass(i, "bwd", compute(s, "bwd") + stash_s(1 if i else 0, 2 if i else 1),
+                            rates.seconds_in(s.params * db), rates.seconds_out(s.params * db),
+                            s.params / rates.eps_elems_per_s))
+    return passes
+
+
+def _simulate(passes: list[_Pass]) -> dict:
+    """Replay one steady-state step on four timelines: the copy stream (weights in),
+    the compute stream, the gradient stream (out) and the EPS worker.
+
+    The relay fetches pass p's weights right after fetching pass p-1's, so the
+    copy waits for the compute queued before pass p-1 (the double buffer):
+    ``copy_p`` starts at ``max(copy_{p-1} end, compute_{p-2} end)``. A pass
+    computes once its weights are in and the previous pass is done. A gradient
+    goes out after its pass, one at a time; the EPS updates a layer once its
+    gradient is out, one layer at a time, in order. The step ends when the
+    device is done and the EPS has finished layer 0 (the next step's first
+    fetch waits for it).
+    """
+    copy_end = comp_end = out_end = eps_end = 0.0
+    comp_ends: list[float] = []
+    for p, ps in enumerate(passes):
+        issued_after = comp_ends[p - 2] if p >= 2 else 0.0
+        copy_end = max(copy_end, issued_after) + ps.weights_in_s
+        comp_end = max(comp_end, copy_end) + ps.compute_s
+        comp_ends.append(comp_end)
+        if ps.kind != "fwd":
+            out_end = max(out_end, comp_end) + ps.grad_out_s
+            eps_end = max(eps_end, out_end) + ps.eps_s
+    device_end = max(comp_end, out_end)
+    return {"device_end": device_end, "eps_end": eps_end, "step": max(device_end, eps_end)}
+
+
+def _ledger(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) -> dict:
+    """Replay the relay's ledger calls (engine.train_step, stash.BoundaryStore) and
+    return its peaks: the device bytes the relay holds across layer boundaries.
+    On the CPU device this is exactly ``device_peak_bytes``."""
+    m = cfg.micro_batches
+    act = (cfg.batch_size // m) * cfg.seq_len * cfg.d_model * db
+    stash_kind = "stash" if cfg.stash == "device" else "host_stash"
+    cur = {"weights": 0, "grads": 0, "boundary": 0, "stash": 0, "host_stash": 0}
+    peak = {"device": 0, "weights": 0, "host_stash": 0}
+
+    def add(kind: str, n: int) -> None:
+        cur[kind] += n
+        peak["device"] = max(peak["device"], sum(v for k, v in cur.items() if k != "host_stash"))
+        peak["weights"] = max(peak["weights"], cur["weights"] + cur["grads"])
+        peak["host_stash"] = max(peak["host_stash"], cur["host_stash"])
+
+    def sub(kind: str, n: int) -> None:
+        cur[kind] -= n
+
+    last = len(shapes) - 1
+    for i in range(last):
+        add("weights", shapes[i].params * db)
+        for _ in range(m):
+            held = 0
+            if i:
+                held = act
+                add("boundary", act)
+            add(stash_kind, act)
+            sub("boundary", held)
+        sub("weights", shapes[i].params * db)
+    for i in range(last, -1, -1):
+        n = shapes[i].params * db
+        add("weights", n)
+        add("grads", n)
+        for _ in range(m):
+            if i == last:
+                sub(stash_kind, act)
+                add("boundary", act)
+                add(stash_kind, act)
+                sub("boundary", act)
+                continue
+            if i:
+                sub(stash_kind, act)
+            sub(stash_kind, act)
+            add("boundary", act)
+            if i:
+                add("boundary", act)
+                add(stash_kind, act)
+            sub("boundary", act * (2 if i else 1))
+        sub("weights", n)
+        sub("grads", n)
+    assert cur["stash"] == 0 and cur["host_stash"] == 0 and cur["boundary"] == 0
+    return peak
+
+
+def _weights_peak_prefetch(shapes: Sequence[LayerShape], db: int) -> int:
+    """Weights + gradients at their peak on CUDA, where the next pass's weights are
+    already arriving: forward ``w_i + w_{i+1}``, post and backward ``w_i + g_i + w_next``."""
+    n = [s.params * db for s in shapes]
+    last = len(n) - 1
+    peak = max(n[i] + n[i + 1] for i in range(last))
+    order = list(range(last, -1, -1))
+    for k, i in enumerate(order):
+        nxt = n[order[k + 1]] if k + 1 < len(order) else 0
+        peak = max(peak, 2 * n[i] + nxt)
+    return peak
+
+
+def activation_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) -> int:
+    """Rough transient bytes of one layer's recompute + backward over one micro-batch.
+
+    A block saves about ``16 * t * d`` elements for backward (measured with
+    ``saved_tensors_hooks`` on the built-in block at dropout 0: inputs of the two
+    norms and four linears, the qkv and MLP-hidden outputs, SDPA's output) and
+    its backward holds about ``8 * t * d`` more at once (the MLP hidden's
+    gradients); with dropout the masks and the math-path attention
+    probabilities add about ``4 * t * d + 2 * b * h * T^2``. The post stage
+    saves its log-probabilities and norm input, ``(V + 2d) * t``, and its
+    backward the logits' gradient, ``V * t``. The estimate is the larger of the
+    two, in the compute dtype. It is not in the ledger (see README).
+    """
+    b = cfg.batch_size // cfg.micro_batches
+    t, d = b * cfg.seq_len, cfg.d_model
+    block = 24 * t * d
+    if cfg.dropout > 0:
+        block += 4 * t * d + 2 * b * cfg.heads * cfg.seq_len ** 2
+    post = shapes[-1]
+    vocab = max(post.matmul_params // d, 1)
+    return max(block, (2 * vocab + 2 * d) * t) * db
+
+
+def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int) -> dict:
+    """The step on the link's timelines, and again with a free link: what the transfers add."""
+    passes = pass_schedule(cfg, shapes, rates, db)
+    timed = _simulate(passes)
+    no_link = _simulate([replace(p, weights_in_s=0.0, grad_out_s=0.0) for p in passes])
+    transfer_s = sum(p.weights_in_s + p.grad_out_s for p in passes)
+    exposed = max(0.0, timed["device_end"] - no_link["device_end"])
+    return {"passes": passes, "timed": timed, "transfer_s": transfer_s, "transfer_exposed_s": exposed,
+            "hidden_share": 1.0 if transfer_s == 0 else max(0.0, 1.0 - exposed / transfer_s)}
+
+
+def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -> Prediction:
+    """Predict one steady-state relay step of ``cfg`` on a machine with ``rates``."""
+    if cfg.batch_size % cfg.micro_batches:
+        raise UserError(f"--micro-batches {cfg.micro_batches} does not divide --batch-size {cfg.batch_size}")
+    db = dtype_bytes_of(cfg, dtype_bytes)
+    shapes = layer_shapes(cfg)
+    m, b = cfg.micro_batches, cfg.batch_size // cfg.micro_batches
+    timing = _timing(cfg, shapes, rates, db)
+    passes, timed, transfer_s = timing["passes"], timing["timed"], timing["transfer_s"]
+    compute_s = sum(p.compute_s for p in passes)
+    act_bytes = activation_bytes(cfg, shapes, db)
+    ledger = _ledger(cfg, shapes, db)
+    on_cuda = not rates.zero_copy
+    weights = _weights_peak_prefetch(shapes, db) if on_cuda else ledger["weights"]
+    # the ledger counts weights at fetch; with prefetch the next layer's are also resident
+    device_ledger = ledger["device"] + (weights - ledger["weights"])
+    params = sum(s.params for s in shapes)
+    host_eps = params * (EPS_STATE_BYTES + 2 * db)
+    exposed_transfer = timing["transfer_exposed_s"]
+    flops = 0.0
+    for p in passes:
+        flops += m * shapes[p.layer].pass_flops(p.kind, b, cfg.seq_len, cfg.d_model)
+    stash_s = 0.0
+    if on_cuda and cfg.stash == "host":
+        # the per-pass stash copies are inside compute_s; separate them for the report
+        pure = pass_schedule(replace(cfg, stash="device"), shapes, rates, db)
+        stash_s = compute_s - sum(p.compute_s for p in pure)
+    detail = [{"layer": s.name, "params": s.params, "forward_flops": m * s.forward_flops(b, cfg.seq_len, cfg.d_model),
+               "forward_s": next((p.compute_s for p in passes if p.layer == i and p.kind in ("fwd",)), 0.0),
+               "backward_s": next(p.compute_s for p in passes if p.layer == i and p.kind in ("post", "bwd")),
+               "weights_in_s": passes[i].weights_in_s, "eps_s": s.params / rates.eps_elems_per_s}
+              for i, s in enumerate(shapes)]
+    return Prediction(
+        config={k: getattr(cfg, k) for k in ("model", "layers", "d_model", "heads", "seq_len", "batch_size",
+                                             "micro_batches", "stash")},
+        dtype_bytes=db, params=params, layer_params=[s.params for s in shapes],
+        tokens=cfg.batch_size * cfg.seq_len, flops=flops,
+        step_s=timed["step"], compute_s=compute_s,
+        forward_s=sum(p.compute_s for p in passes if p.kind == "fwd"),
+        post_s=sum(p.compute_s for p in passes if p.kind == "post"),
+        backward_s=sum(p.compute_s for p in passes if p.kind == "bwd"),
+        transfer_s=transfer_s, transfer_exposed_s=exposed_transfer,
+        transfer_hidden_share=timing["hidden_share"],
+        stash_transfer_s=stash_s,
+        eps_update_s=sum(p.eps_s for p in passes),
+        eps_exposed_s=max(0.0, timed["eps_end"] - timed["device_end"]),
+        device_weight_bytes=weights, device_ledger_bytes=device_ledger,
+        activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
+        host_eps_bytes=host_eps, host_stash_bytes=ledger["host_stash"],
+        host_total_bytes=host_eps + ledger["host_stash"],
+        rates=rates.to_dict(), layers_detail=detail)
+
+
+# ---------------------------------------------------------------- choosing M
+
+@dataclass
+class MicroBatchChoice:
+    micro_batches: int | None      # smallest M dividing the batch that hides the transfers (and fits)
+    reason: str
+    candidates: list[dict]         # per divisor M: step, hidden share, exposed share, device bytes, fits
+    min_batch_to_hide: int | None  # smallest global batch (in sequences) that would hide them
+
+
+def _exposed_share(timing: dict) -> float:
+    """Share of the step spent waiting on the link."""
+    return timing["transfer_exposed_s"] / timing["timed"]["step"] if timing["timed"]["step"] > 0 else 0.0
+
+
+def choose_micro_batches(cfg: TrainConfig, rates: Rates, *, device_memory_bytes: int | None = None,
+                         max_exposed: float = 0.05, dtype_bytes: int | None = None) -> MicroBatchChoice:
+    """The smallest M dividing ``cfg.batch_size`` whose predicted step hides the
+    transfers -- waits on the link for at most ``max_exposed`` of the step -- and,
+    given a budget, fits the device.
+
+    M does not change the compute per layer fetch (the batch is the same), so
+    whether the transfers hide is decided by the batch, not by M: a layer's
+    compute over B sequences against its weights' transfer. What M changes is
+    device memory (the stash and one micro-batch's activations) and, a little,
+    the compute rate (smaller GEMMs, more calls). When no M hides the
+    transfers, ``min_batch_to_hide`` is the smallest global batch, as micro-
+    batches of the size the smallest fitting M gives, that would: the paper's
+    view, more micro-batches per layer fetch. (The first layer's fetch and the
+    last gradients are exposed whatever the batch; the share shrinks as the
+    step grows.)
+    """
+    db = dtype_bytes_of(cfg, dtype_bytes)
+    shapes = layer_shapes(cfg)
+    rows = []
+    for m in divisors(cfg.batch_size):
+        p = predict(replace(cfg, micro_batches=m), rates, dtype_bytes=db)
+        fits = device_memory_bytes is None or p.device_total_bytes <= device_memory_bytes
+        rows.append({"micro_batches": m, "step_s": p.step_s, "hidden_share": p.transfer_hidden_share,
+                     "exposed_share": p.transfer_exposed_s / p.step_s, "transfer_exposed_s": p.transfer_exposed_s,
+                     "device_total_bytes": p.device_total_bytes, "fits": fits})
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        return MicroBatchChoice(None, "no micro-batch count fits the device memory budget", rows, None)
+    if rates.zero_copy:
+        return MicroBatchChoice(fitting[0]["micro_batches"], "zero-copy device, nothing to hide: "
+                                "the smallest M" + (" that fits" if device_memory_bytes else ""), rows, None)
+    for r in fitting:
+        if r["exposed_share"] <= max_exposed:
+            return MicroBatchChoice(r["micro_batches"], "the smallest M" + (" that fits and" if device_memory_bytes
+                                    else " that") + f" waits on the link for <= {max_exposed:.0%} of the step",
+                                    rows, None)
+    m0 = fitting[0]["micro_batches"]
+    per = cfg.batch_size // m0
+
+    def hides(k: int) -> bool:  # k micro-batches of ``per`` sequences per step
+        return _exposed_share(_timing(replace(cfg, batch_size=k * per, micro_batches=k), shapes, rates, db)) \
+            <= max_exposed
+
+    need, lo, hi = None, m0, 2 * m0
+    while hi <= 1 << 24 and not hides(hi):  # the exposed share falls as the compute per fetch grows
+        lo, hi = hi, hi * 2
+    if hi <= 1 << 24:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if hides(mid) else (mid, hi)
+        need = hi * per
+    why = (f"no M hides the link at batch {cfg.batch_size} (waits > {max_exposed:.0%} of the step): a layer's "
+           "compute is shorter than its transfer" +
+           (f"; a batch of {need} sequences ({need // per} micro-batches of {per}) would" if need
+            else "; no batch would (the link is too slow)"))
+    return MicroBatchChoice(None, why, rows, need)
+
+
+def divisors(n: int) -> list[int]:
+    return [m for m in range(1, n + 1) if n % m == 0]
+
+
+def pass_kinds(n_layers: int) -> list[str]:
+    """The relay's passes in order: forward of every layer but the last, the post stage, backward."""
+    return ["fwd"] * (n_layers - 1) + ["post"] + ["bwd"] * (n_layers - 1)
