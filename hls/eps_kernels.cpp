@@ -3,7 +3,7 @@
 //
 // The same kernels, kernel names and argument order as fpga/opencl/eps.cl
 // (fpga/ARGS.md: buffers first, then n and k, then the step scalars in the
-// contract's table order), computing the same bits: shared/spec/eps-numerics.md.
+// contract's table order), computing the same bits: docs/eps-numerics.md.
 // Every operation is one binary32 operation rounded to nearest even, written as
 // its own statement; build with -ffp-contract=off and never with -ffast-math.
 // Not checked here (no Vitis in CI): that the synthesised floating-point cores

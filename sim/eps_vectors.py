@@ -6,7 +6,7 @@ scalars. Its golden results come from the golden model ``l2l.eps.numerics``
 (never from a tolerance): :meth:`Case.reduced` (g and the finite flag) and
 :meth:`Case.updated` (p', m', v' and the device copy).
 
-:func:`make_case` builds the classes of shared/spec/eps-numerics.md "What the
+:func:`make_case` builds the classes of docs/eps-numerics.md "What the
 tests must cover": random vectors over every binade with zeros of both signs
 and subnormals (``wide``), the special-value grid (``specials-<scalars>``),
 exact ties in the reduction, the products, the sums and the device copy,

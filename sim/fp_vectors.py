@@ -5,7 +5,7 @@ Every generator returns raw bit patterns (``np.uint32`` for binary32,
 onto a bus, and every reference is NumPy binary32 (or ``ml_dtypes.bfloat16`` /
 ``np.float16`` for the conversions): round to nearest even, subnormals kept.
 Results are compared bit for bit, except that two NaNs are equal whatever
-their payloads (``shared/spec/eps-numerics.md``).
+their payloads (``docs/eps-numerics.md``).
 
 All randomness comes from a caller-supplied ``np.random.Generator`` so every
 test is reproducible from its seed.

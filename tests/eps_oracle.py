@@ -6,7 +6,7 @@ tests/test_eps_backends_bitexact.py, ...) and the RTL testbenches
 (sim/eps_vectors.py), so all of them draw from the same distributions and
 judge by the same evaluation.
 
-shared/spec/eps-numerics.md is the contract. The oracle here evaluates it by a
+docs/eps-numerics.md is the contract. The oracle here evaluates it by a
 different route than l2l.eps.numerics:
 
 * every binary32 operation is evaluated in binary64 (NumPy float64) and then

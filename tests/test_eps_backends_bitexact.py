@@ -1,6 +1,6 @@
 """Every non-NumPy EPS backend against the NumPy golden model, bit for bit: one suite.
 
-shared/spec/eps-numerics.md is the contract; tests/test_eps_contract.py checks the
+docs/eps-numerics.md is the contract; tests/test_eps_contract.py checks the
 NumPy backend against an independent oracle (tests/eps_oracle.py), whose vector
 generators are reused here: every vector class of the contract goes through the backend under test and
 NumpyBackend from the same state, and p, m, v, the finite flag and the device copy

@@ -1,6 +1,6 @@
 """The NumPy EPS (the golden model) against an independent evaluation of the contract.
 
-shared/spec/eps-numerics.md is the contract; tests/eps_oracle.py evaluates it
+docs/eps-numerics.md is the contract; tests/eps_oracle.py evaluates it
 by another route (binary64 arithmetic and integer rounding, never a NumPy
 cast) and generates its vector classes. Results are compared as bit patterns;
 NaNs compare as "both NaN".

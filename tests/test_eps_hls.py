@@ -2,7 +2,7 @@
 
 The bit-exact comparison of hls/eps_kernels.cpp (compiled with g++, called
 through ctypes) with the NumPy golden model (every vector class of
-shared/spec/eps-numerics.md, sizes around the kernels' tile, the EagerParamServer)
+docs/eps-numerics.md, sizes around the kernels' tile, the EagerParamServer)
 is the shared suite of tests/test_eps_backends_bitexact.py, which runs the same
 bodies for every backend. Here: what the OpenCL backend does not do today
 (empty layers, concurrent threads, refusing malformed arguments), the kernels

@@ -2,7 +2,7 @@
 launches.
 
 The bit-exact comparison of fpga/opencl/eps.cl on PoCL with the NumPy golden
-model (every vector class of shared/spec/eps-numerics.md, sizes around the
+model (every vector class of docs/eps-numerics.md, sizes around the
 work-group of float8 work-items, the EagerParamServer) is the shared suite of
 tests/test_eps_backends_bitexact.py, which runs the same bodies for every
 backend. Here: a program loaded from ``program_binary()`` (what ``--cl-binary``

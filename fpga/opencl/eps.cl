@@ -2,7 +2,7 @@
 // device copy, and copy alone.
 //
 // Bit-exact with the NumPy golden model (host/l2l/eps/numerics.py) under the
-// contract shared/spec/eps-numerics.md: every operation one binary32 op, round
+// contract docs/eps-numerics.md: every operation one binary32 op, round
 // to nearest even, no contraction into FMA, subnormals kept, correctly rounded
 // divide and sqrt. Build with -cl-fp32-correctly-rounded-divide-sqrt and never
 // with -cl-fast-relaxed-math or -cl-denorms-are-zero. Vector types are used

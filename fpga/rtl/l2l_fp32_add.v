@@ -3,7 +3,7 @@
 // operation accepted on every clock-enabled cycle, result `L2L_FP32_ADD_LAT
 // (4) ce-cycles later.
 //
-// Why: the EPS contract (shared/spec/eps-numerics.md) makes every sum of the
+// Why: the EPS contract (docs/eps-numerics.md) makes every sum of the
 // gradient reduction and of AdamW one binary32 addition rounded to nearest
 // even, with subnormal inputs and results kept (no flush to zero), so the
 // adder must give exactly the bits NumPy's float32 addition gives.

@@ -1,4 +1,4 @@
-"""The host side of the EPS numerical contract (shared/spec/eps-numerics.md).
+"""The host side of the EPS numerical contract (docs/eps-numerics.md).
 
 Hyper-parameters live here in float64; :class:`StepScalars` are the binary32
 values every backend (NumPy, OpenCL, HLS, RTL) receives, computed once per

@@ -7,7 +7,7 @@ memory, which plays the card's DRAM. One update is the host driver's sequence
 for the card: finite flag set to 1, ``eps_check_<g>`` over the K contributions
 (back to back in one buffer), ``eps_update_<g>_<c>`` (which writes nothing when
 the flag was cleared), flag read back. Same semantics as the NumPy backend,
-bit for bit (shared/spec/eps-numerics.md); tests/test_eps_backends_bitexact.py checks it.
+bit for bit (docs/eps-numerics.md); tests/test_eps_backends_bitexact.py checks it.
 
 Build: ``g++`` with :data:`CXX_FLAGS` (``-ffp-contract=off``, never
 ``-ffast-math``), on first use, into ``$XDG_CACHE_HOME/l2l/hls-csim/<sha256>.so``
