@@ -13,10 +13,11 @@ copied into ``host/``. How an l2l finds them (the decision, and why):
   from their home in the same checkout, three directories up.
 
 The packaged copy is looked for first; the checkout is the fallback. The mapped packages
-themselves are never imported: under an editable install setuptools resolves them through
-a finder on ``sys.meta_path`` that points at *the installed* checkout, which is not this
-one when another checkout is put first on ``PYTHONPATH`` (git worktrees sharing a venv);
-looking next to this file always gives the sources of the code that is running.
+themselves are never imported: under an editable install (setuptools 84) they cannot be
+(``import l2l.kernels.opencl`` fails, the directories having no ``__init__.py``), and
+setuptools' editable finder on ``sys.meta_path`` points at *the installed* checkout, which
+is not this one when another checkout is put first on ``PYTHONPATH`` (git worktrees sharing
+a venv). Looking next to this file always gives the sources of the code that is running.
 """
 from __future__ import annotations
 
