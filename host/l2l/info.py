@@ -6,6 +6,7 @@ import platform
 import numpy as np
 import torch
 
+from . import kernels
 from .eps import BACKENDS
 from .models import FAMILIES
 
@@ -26,5 +27,7 @@ def info_lines() -> list[str]:
     for name, cls in BACKENDS.items():
         ok, why = cls.availability()
         lines.append(f"eps {name:<9} {'available' if ok else 'unavailable'}: {why}")
+    for kind in kernels.SOURCES:  # where the kernel sources were found: package data or a checkout
+        lines.append(f"source {kind:<6} {kernels.describe(kind)}")
     lines.append(f"models      {', '.join(FAMILIES)}")
     return lines

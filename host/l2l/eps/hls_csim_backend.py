@@ -9,13 +9,16 @@ for the card: finite flag set to 1, ``eps_check_<g>`` over the K contributions
 the flag was cleared), flag read back. Same semantics as the NumPy backend,
 bit for bit (docs/eps-numerics.md); tests/test_eps_backends_bitexact.py checks it.
 
-Build: ``g++`` with :data:`CXX_FLAGS` (``-ffp-contract=off``, never
-``-ffast-math``), on first use, into ``$XDG_CACHE_HOME/l2l/hls-csim/<sha256>.so``
-(``~/.cache`` by default; the ``cache_dir`` option overrides), where the hash
-covers the source, the flags and the compiler's version: an edited source is
-rebuilt, an unchanged one is reused across processes. The library is written
-under a temporary name and renamed into place, so concurrent builders (test
-workers) never see a half-written file.
+The source is found by :mod:`l2l.kernels` (the checkout's ``hls/``, or the copy an
+installed l2l carries as package data). Build: ``g++`` with :data:`CXX_FLAGS`
+(``-ffp-contract=off``, never ``-ffast-math``), on first use, into
+``$XDG_CACHE_HOME/l2l/hls-csim/<sha256>.so`` (``~/.cache`` by default; the
+``cache_dir`` option overrides), where the hash covers the source, the flags and
+the compiler's version: an edited source is rebuilt, an unchanged one is reused
+across processes. The library is written under a temporary name and renamed into
+place, so concurrent builders (test workers) never see a half-written file.
+Nothing is written next to the source: an install in a read-only site-packages
+builds as a checkout does.
 
 Options: ``cxx`` (compiler, default ``g++``), ``cache_dir``.
 """
@@ -34,12 +37,13 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import kernels
 from ..errors import UserError
 from .backend import EpsBackend
 from .contract import StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
-KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "hls" / "eps_kernels.cpp"
+KERNEL_SOURCE = kernels.source_path("hls")  # hls/eps_kernels.cpp, or its installed copy (l2l.kernels)
 DEFAULT_CXX = "g++"
 INSTALL_HINT = "apt-get install g++"
 CXX_FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math",
@@ -104,7 +108,7 @@ def library_path(cxx: str | None = None, cache_dir: str | os.PathLike | None = N
 def build_library(cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
     """Compile hls/eps_kernels.cpp unless the cache already holds this build; its path."""
     if not KERNEL_SOURCE.is_file():
-        raise UserError(f"--eps hls-csim needs the kernel source {KERNEL_SOURCE} (a source checkout of l2l)")
+        raise UserError(f"--eps hls-csim: {kernels.describe('hls')}")
     target = library_path(cxx, cache_dir)
     if target.is_file():
         return target
@@ -153,7 +157,7 @@ class HlsCsimBackend(EpsBackend):
     @classmethod
     def availability(cls) -> tuple[bool, str]:
         if not KERNEL_SOURCE.is_file():
-            return False, f"kernel source {KERNEL_SOURCE} not found (needs a source checkout)"
+            return False, kernels.describe("hls")
         path = shutil.which(DEFAULT_CXX)
         if path is None:
             return False, f"no C++ compiler ({DEFAULT_CXX}): {INSTALL_HINT}"

@@ -26,12 +26,13 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import kernels
 from ..errors import UserError
 from .backend import EpsBackend
 from .contract import StepScalars
 from .numerics import COPY_DTYPES
 
-KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "fpga" / "opencl" / "eps.cl"
+KERNEL_SOURCE = kernels.source_path("opencl")  # fpga/opencl/eps.cl, or its installed copy (l2l.kernels)
 BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
 NT_OPTION = "-DL2L_NT_STORES"  # x86 CPU devices: the device copy with streaming stores (eps.cl)
 INSTALL_HINT = ("install an OpenCL platform: Debian 'apt-get install pocl-opencl-icd', "
@@ -72,6 +73,8 @@ def regions(kernel: str, k: int = 1) -> int:
 
 
 def kernel_source() -> str:
+    if not KERNEL_SOURCE.is_file():
+        raise UserError(f"--eps opencl: {kernels.describe('opencl')} (or give a prebuilt --cl-binary)")
     return KERNEL_SOURCE.read_text()
 
 
