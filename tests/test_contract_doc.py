@@ -14,8 +14,6 @@ from l2l.eps.contract import StepScalars
 ROOT = Path(__file__).resolve().parents[1]
 DOC = "docs/eps-numerics.md"
 OLD = "shared" + "/spec"  # spelt in two pieces so that this file does not cite it
-# README.md is rewritten on another branch (issue 13); drop it from here once that lands.
-PENDING = {"README.md"}
 
 
 def _tracked() -> list[str]:
@@ -35,14 +33,8 @@ def _citing_old_spec(paths) -> list[str]:
 
 
 def test_sources_cite_the_contract_in_the_repository():
-    found = _citing_old_spec(p for p in _tracked() if p not in PENDING)
+    found = _citing_old_spec(p for p in _tracked())
     assert not found, f"cite {DOC}, not {OLD}: {found}"
-
-
-@pytest.mark.xfail(strict=True, reason="README.md is rewritten on another branch; "
-                   "when this passes, empty PENDING and remove this test")
-def test_readme_cites_the_contract_in_the_repository():
-    assert not _citing_old_spec(sorted(PENDING))
 
 
 def _section(text: str, title: str) -> str:
