@@ -7,7 +7,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from l2l.eps.contract import StepScalars
 
