@@ -75,10 +75,12 @@ def _env(**extra) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "host"), **extra}
 
 
-def _rank(rank: int, port: int, args: list[str], **extra) -> subprocess.Popen:
+def _rank(rank: int, port: int, args: list[str], kill_at_step: int | None = None) -> subprocess.Popen:
     env = _env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), L2L_DIST_TIMEOUT="20", **extra)
-    return subprocess.Popen([sys.executable, "-m", "l2l", "train", *args], env=env,
+               MASTER_PORT=str(port), L2L_DIST_TIMEOUT="20")
+    l2l = ["-m", "l2l"] if kill_at_step is None else [str(ROOT / "tests" / "faulty_l2l.py"), "kill-at-step",
+                                                      str(kill_at_step)]
+    return subprocess.Popen([sys.executable, *l2l, "train", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -105,7 +107,7 @@ def test_a_dead_machine_stops_the_other_and_resume_continues(tmp_path):
     args = [*TINY, "--steps", "8", "--save-every", "2", "--no-progress", "--out", str(out)]
     port = _free_port()
     survivor = _rank(0, port, args)
-    victim = _rank(1, port, args, L2L_FAULT_KILL_AT_STEP="5")  # SIGKILLed as step 6 starts
+    victim = _rank(1, port, args, kill_at_step=5)  # SIGKILLed as step 6 starts
     assert victim.wait(timeout=120) == -9
     start = time.monotonic()
     _, err = survivor.communicate(timeout=90)

@@ -19,7 +19,7 @@ from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack
 from l2l.relay import recompute
 from l2l.relay.engine import RelayEngine
-from l2l.relay.transport import ThreadedTransport
+from threaded_transport import ThreadedTransport
 
 from conftest import CPU, sampler_for
 

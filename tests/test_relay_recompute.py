@@ -14,7 +14,7 @@ from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
 from l2l.relay.binding import WeightBinding
 from l2l.relay.recompute import Recorder, WeightSinks
-from l2l.relay.transport import ThreadedTransport
+from threaded_transport import ThreadedTransport
 
 from conftest import CPU, sampler_for
 

@@ -14,7 +14,7 @@ import pytest
 from l2l.checkpoint import load_latest
 from l2l.metrics import read_metrics
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--warmup-steps", "2", "--lr", "3e-3"]
@@ -80,8 +80,10 @@ def test_sigkill_mid_training_then_resume_is_exact(reference_run, tmp_path):
 
 def test_kill_during_save_resumes_from_previous_checkpoint(reference_run, tmp_path):
     out = tmp_path / "run"
-    r = _train(out, "--steps", str(STEPS), "--save-every", "2", "--eval-every", "4",
-               env={"L2L_FAULT_KILL_IN_SAVE": "6"})
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "faulty_l2l.py"), "kill-in-save", "6", "train", *TINY,
+                        "--out", str(out), "--no-progress", "--steps", str(STEPS), "--save-every", "2",
+                        "--eval-every", "4"], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                       timeout=300)
     assert r.returncode == -signal.SIGKILL
     assert load_latest(out).step == 4
     r = _train(out, "--steps", str(STEPS), "--save-every", "2", "--eval-every", "4", "--resume")

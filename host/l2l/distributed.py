@@ -40,10 +40,6 @@ class Dist:
     main_group: object   # the training loop's collectives
     timeout_s: float
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 _CURRENT: Dist | None = None
 

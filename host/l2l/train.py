@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -164,7 +163,6 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                        total_steps=cfg.total_schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
             engine.set_lr(lr)
             batch = sampler.next()
-            _fault_kill_at(step)
             t0 = time.perf_counter()
             if world > 1:  # this machine's shard; the loss's divisor stays the global batch's
                 result = engine.train_step(batch.split(world)[rank], step, global_targets=batch.num_targets)
@@ -228,31 +226,7 @@ def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> Non
     meta = {"format": FORMAT, "config": cfg.to_dict(), "trajectory": cfg.trajectory(),
             "signature": stack.signature(), "engine": engine.state_meta(),
             "data": sampler.state_dict(), "rng": _rng_meta(), "initial_val_loss": initial_val}
-    ckpt.save_checkpoint(out, step, engine.state_tensors(), meta, keep=cfg.keep_checkpoints,
-                         before_commit=_fault_hook(step))
-
-
-def _fault_hook(step: int):
-    """Fault injection for the crash tests: ``L2L_FAULT_KILL_IN_SAVE=N`` SIGKILLs the
-    process inside the save of step N, after the files are written and before
-    they are committed -- the worst moment for a checkpoint writer."""
-    target = os.environ.get("L2L_FAULT_KILL_IN_SAVE")
-    if target is None or int(target) != step:
-        return None
-
-    def kill() -> None:
-        import signal
-        os.kill(os.getpid(), signal.SIGKILL)
-    return kill
-
-
-def _fault_kill_at(step: int) -> None:
-    """Fault injection for the distributed tests: ``L2L_FAULT_KILL_AT_STEP=N`` SIGKILLs
-    this process as step N starts -- a machine dying mid-run."""
-    target = os.environ.get("L2L_FAULT_KILL_AT_STEP")
-    if target is not None and int(target) == step:
-        import signal
-        os.kill(os.getpid(), signal.SIGKILL)
+    ckpt.save_checkpoint(out, step, engine.state_tensors(), meta, keep=cfg.keep_checkpoints)
 
 
 def _printer(cfg: TrainConfig):

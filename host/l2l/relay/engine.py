@@ -324,7 +324,7 @@ class RelayEngine:
         self._history_seen = self.eps.records_total
 
     def master_weights(self) -> list[np.ndarray]:
-        """fp32 master weights per layer (for tests and comparison with the baseline)."""
+        """fp32 master weights per layer, flat (the EPS's, after the queued updates)."""
         tensors = self.eps.state_tensors()
         return [tensors[f"layer{i}.p"] for i in range(len(self.layers))]
 

@@ -1,6 +1,6 @@
 """Moving layer weights, gradients and stashed activations between EPS and device.
 
-Three transports, one interface (what :class:`~l2l.relay.engine.RelayEngine`
+Two transports, one interface (what :class:`~l2l.relay.engine.RelayEngine`
 and :class:`~l2l.relay.stash.BoundaryStore` call):
 
 * :class:`CpuTransport` -- the CPU device: host and device memory are one, so
@@ -10,11 +10,10 @@ and :class:`~l2l.relay.stash.BoundaryStore` call):
   stashed activations out on a copy-out stream, stashed activations back in on
   the copy-in stream ahead of their use, all ordered by CUDA events; pinned
   host buffers come from a pool and are reused, not allocated per step.
-* :class:`ThreadedTransport` -- the same pipeline on the CPU, with a copy-in
-  and a copy-out thread for the streams and futures for the events, and real
-  copies. It exists so the overlap and the ordering can be tested where no GPU
-  is (``tests/test_relay_pipeline.py``); on a CPU it is slower than
-  :class:`CpuTransport`, which copies nothing.
+
+The tests drive the CUDA transport's pipeline on the CPU with real copies on
+threads (``tests/threaded_transport.py``), so its overlap and ordering are
+tested where no GPU is.
 
 Every asynchronous result is a :class:`PendingTensor` whose ``wait()`` orders
 the consumer after the copy (a stream wait on CUDA, a join on the CPU).
@@ -22,9 +21,7 @@ the consumer after the copy (a stream wait on CUDA, a join on the CPU).
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import ml_dtypes
@@ -33,7 +30,7 @@ import torch
 
 from ..hostmem import aligned_empty
 
-_TORCH_OF = {
+TORCH_DTYPES = {
     np.dtype(np.float32): torch.float32,
     np.dtype(np.float16): torch.float16,
     np.dtype(ml_dtypes.bfloat16): torch.bfloat16,
@@ -114,7 +111,7 @@ class CpuTransport:
         pass
 
 
-class _HostPool:
+class HostPool:
     """Host buffers for stashed activations, by (shape, dtype), reused across steps.
 
     ``make`` allocates (pinned memory on CUDA: slow to allocate, so never per
@@ -154,7 +151,7 @@ class CudaTransport:
         self.copy_in = torch.cuda.Stream(device)
         self.copy_out = torch.cuda.Stream(device)
         self._pinned: dict[int, torch.Tensor] = {}
-        self.pool = _HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=True))
+        self.pool = HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=True))
 
     def _compute(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
@@ -163,7 +160,7 @@ class CudaTransport:
         return lambda: self._compute().wait_event(done)
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        t = torch.empty(n, dtype=_TORCH_OF[np.dtype(dtype)], pin_memory=True)
+        t = torch.empty(n, dtype=TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
         self._pinned[t.data_ptr()] = t
         a = t.view(torch.int16).numpy().view(dtype) if t.dtype == torch.bfloat16 else t.numpy()
         return a
@@ -187,7 +184,7 @@ class CudaTransport:
         return self._copy_in(torch.empty(src.shape, dtype=src.dtype, device=self.device), src)
 
     def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
-        return torch.zeros(inbox.shape[0], dtype=_TORCH_OF[inbox.dtype], device=self.device)
+        return torch.zeros(inbox.shape[0], dtype=TORCH_DTYPES[inbox.dtype], device=self.device)
 
     def _copy_out(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
         self.copy_out.wait_stream(self._compute())
@@ -215,75 +212,6 @@ class CudaTransport:
         self.pool.give(s.host, pending.host_wait)
 
 
-class ThreadedTransport:
-    """The CUDA pipeline with threads: a copy-in and a copy-out worker, real copies.
-
-    ``copy_delay_s`` adds a fixed time to every copy, a slow link, so a test
-    can see overlap without depending on memcpy speed. ``trace`` (when a list)
-    receives ``(kind, start, end)`` for every copy, ``kind`` one of
-    ``weights``, ``gradient``, ``stash_out``, ``stash_in``.
-    """
-
-    asynchronous = True
-
-    def __init__(self, device: torch.device, *, copy_delay_s: float = 0.0, trace: list | None = None) -> None:
-        if device.type != "cpu":
-            raise ValueError("ThreadedTransport runs on the CPU device")
-        self.device = device
-        self.copy_delay_s = copy_delay_s
-        self.trace = trace
-        self.copy_in = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-copy-in")
-        self.copy_out = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-copy-out")
-        self.pool = _HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype))
-
-    def _copy(self, kind: str, dst: torch.Tensor, src: torch.Tensor, after: Callable[[], object] | None = None):
-        if after is not None:
-            after()
-        start = time.perf_counter()
-        if self.copy_delay_s:
-            time.sleep(self.copy_delay_s)
-        dst.copy_(src)
-        if self.trace is not None:
-            self.trace.append((kind, start, time.perf_counter()))
-
-    def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        return aligned_empty(n, dtype)
-
-    def upload(self, host: np.ndarray) -> PendingTensor:
-        src = as_torch(host)
-        dst = torch.empty_like(src)
-        return PendingTensor(dst, self.copy_in.submit(self._copy, "weights", dst, src).result)
-
-    def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
-        return torch.zeros(inbox.shape[0], dtype=_TORCH_OF[inbox.dtype])
-
-    def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None]:
-        return self.copy_out.submit(self._copy, "gradient", as_torch(inbox), grad).result
-
-    def to_host(self, t: torch.Tensor) -> StashedTensor:
-        host = self.pool.take(t.shape, t.dtype)
-        return StashedTensor(host, written=self.copy_out.submit(self._copy, "stash_out", host, t).result)
-
-    def to_device(self, s: StashedTensor) -> PendingTensor:
-        dst = torch.empty_like(s.host)
-        return PendingTensor(dst, self.copy_in.submit(self._copy, "stash_in", dst, s.host, s.wait_written).result)
-
-    def release(self, s: StashedTensor, pending: PendingTensor) -> None:
-        self.pool.give(s.host, pending.host_wait)
-
-    def close(self) -> None:
-        self.copy_in.shutdown(wait=True)
-        self.copy_out.shutdown(wait=True)
-
-
-TRANSPORTS = ("auto", "threaded")
-
-
-def make_transport(device: torch.device, kind: str = "auto"):
-    """``auto``: CUDA streams on a GPU, zero-copy on the CPU; ``threaded``: the
-    pipeline with copy threads on the CPU (for testing the overlap)."""
-    if kind == "threaded":
-        return ThreadedTransport(device)
-    if kind != "auto":
-        raise ValueError(f"transport must be one of {TRANSPORTS}")
+def make_transport(device: torch.device):
+    """CUDA streams on a GPU, zero-copy on the CPU."""
     return CudaTransport(device) if device.type == "cuda" else CpuTransport(device)

@@ -1,0 +1,50 @@
+"""``l2l`` with a fault injected, for the crash tests: ``python tests/faulty_l2l.py FAULT N l2l-args...``.
+
+FAULT is ``kill-in-save`` (SIGKILL inside the checkpoint save of step N, after its files
+are written and before they are committed: the worst moment for a checkpoint writer) or
+``kill-at-step`` (SIGKILL as 0-based step N starts: a machine dying mid-run). The faults
+are patched in here, from outside the package, through the same seams a user could use:
+``l2l.checkpoint.save_checkpoint``'s ``before_commit`` and the engine's ``train_step``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_in_save(step: int) -> None:
+    from l2l import checkpoint
+    save = checkpoint.save_checkpoint
+
+    def save_then_die(out, at, tensors, meta, **kwargs):
+        return save(out, at, tensors, meta, **{**kwargs, "before_commit": _kill if at == step else None})
+    checkpoint.save_checkpoint = save_then_die
+
+
+def _kill_at_step(step: int) -> None:
+    from l2l import train
+    build = train.build_engine
+
+    def build_then_arm(*args, **kwargs):
+        engine = build(*args, **kwargs)
+        train_step = engine.train_step
+
+        def step_or_die(batch, at, **kw):
+            if at == step:
+                _kill()
+            return train_step(batch, at, **kw)
+        engine.train_step = step_or_die
+        return engine
+    train.build_engine = build_then_arm
+
+
+if __name__ == "__main__":
+    fault, n, *argv = sys.argv[1:]
+    {"kill-in-save": _kill_in_save, "kill-at-step": _kill_at_step}[fault](int(n))
+    from l2l.cli import main
+    sys.exit(main(argv))

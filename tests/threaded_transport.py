@@ -1,0 +1,78 @@
+"""The CUDA transport's pipeline on the CPU, for tests: copy threads for streams, futures for events.
+
+A third implementation of the transport interface (``l2l/relay/transport.py``), with real
+copies, so that the relay's overlap and ordering can be tested where no GPU is; on a CPU
+it is slower than the zero-copy ``CpuTransport`` and so not part of the package.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+import torch
+
+from l2l.relay.transport import TORCH_DTYPES, HostPool, PendingTensor, StashedTensor, as_torch
+from l2l.hostmem import aligned_empty
+
+
+class ThreadedTransport:
+    """The CUDA pipeline with threads: a copy-in and a copy-out worker, real copies.
+
+    ``copy_delay_s`` adds a fixed time to every copy, a slow link, so a test
+    can see overlap without depending on memcpy speed. ``trace`` (when a list)
+    receives ``(kind, start, end)`` for every copy, ``kind`` one of
+    ``weights``, ``gradient``, ``stash_out``, ``stash_in``.
+    """
+
+    asynchronous = True
+
+    def __init__(self, device: torch.device, *, copy_delay_s: float = 0.0, trace: list | None = None) -> None:
+        if device.type != "cpu":
+            raise ValueError("ThreadedTransport runs on the CPU device")
+        self.device = device
+        self.copy_delay_s = copy_delay_s
+        self.trace = trace
+        self.copy_in = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-copy-in")
+        self.copy_out = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-copy-out")
+        self.pool = HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype))
+
+    def _copy(self, kind: str, dst: torch.Tensor, src: torch.Tensor, after: Callable[[], object] | None = None):
+        if after is not None:
+            after()
+        start = time.perf_counter()
+        if self.copy_delay_s:
+            time.sleep(self.copy_delay_s)
+        dst.copy_(src)
+        if self.trace is not None:
+            self.trace.append((kind, start, time.perf_counter()))
+
+    def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
+        return aligned_empty(n, dtype)
+
+    def upload(self, host: np.ndarray) -> PendingTensor:
+        src = as_torch(host)
+        dst = torch.empty_like(src)
+        return PendingTensor(dst, self.copy_in.submit(self._copy, "weights", dst, src).result)
+
+    def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
+        return torch.zeros(inbox.shape[0], dtype=TORCH_DTYPES[inbox.dtype])
+
+    def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None]:
+        return self.copy_out.submit(self._copy, "gradient", as_torch(inbox), grad).result
+
+    def to_host(self, t: torch.Tensor) -> StashedTensor:
+        host = self.pool.take(t.shape, t.dtype)
+        return StashedTensor(host, written=self.copy_out.submit(self._copy, "stash_out", host, t).result)
+
+    def to_device(self, s: StashedTensor) -> PendingTensor:
+        dst = torch.empty_like(s.host)
+        return PendingTensor(dst, self.copy_in.submit(self._copy, "stash_in", dst, s.host, s.wait_written).result)
+
+    def release(self, s: StashedTensor, pending: PendingTensor) -> None:
+        self.pool.give(s.host, pending.host_wait)
+
+    def close(self) -> None:
+        self.copy_in.shutdown(wait=True)
+        self.copy_out.shutdown(wait=True)
