@@ -33,7 +33,10 @@ def test_recompute_ab_runs():
 
 def test_bench_suite_quick_writes_headline_and_tables(tmp_path):
     """`l2l bench suite --quick`: all three parts run and the headline figures are filled in."""
-    r = run_cli("bench", "suite", "--quick", "--out", str(tmp_path), timeout=600)
+    results = tmp_path / "results.md"
+    results.write_text("# Results\n\nkept\n\n<!-- l2l bench suite: begin -->\nold figures\n"
+                       "<!-- l2l bench suite: end -->\n\nalso kept\n")
+    r = run_cli("bench", "suite", "--quick", "--out", str(tmp_path), "--results", str(results), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     suite = json.loads((tmp_path / "suite.json").read_text())
     head = suite["headline"]
@@ -47,3 +50,8 @@ def test_bench_suite_quick_writes_headline_and_tables(tmp_path):
     text = (tmp_path / "suite.md").read_text()
     for part in ("(a) EPS throughput", "(b) step time", "(c) device memory"):
         assert part in text
+    # the results file's suite section is regenerated in place, the rest left as it was
+    regenerated = results.read_text()
+    assert "old figures" not in regenerated and "kept\n" in regenerated and "also kept" in regenerated
+    section = regenerated.split("<!-- l2l bench suite: begin -->")[1].split("<!-- l2l bench suite: end -->")[0]
+    assert "OpenCL EPS vs torch fused AdamW" in section and "#### (c) device memory" in section

@@ -12,8 +12,12 @@ own on a CUDA machine.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
 from pathlib import Path
+
+import torch
 
 from ..options import Parser
 from .eps import markdown as eps_markdown, run_eps_bench_result
@@ -25,7 +29,35 @@ def _parser() -> Parser:
     p = Parser(prog="l2l bench suite", description=__doc__)
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the suite runs, measures nothing useful")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--results", default=None,
+                   help=f"Markdown file whose suite section (between {BEGIN} and {END}) is regenerated "
+                        "(default: docs/results.md when it exists here; not with --quick; '' for none)")
     return p
+
+
+BEGIN = "<!-- l2l bench suite: begin -->"
+END = "<!-- l2l bench suite: end -->"
+
+
+def regenerate_section(path: Path, block: str) -> None:
+    """Replace the text between :data:`BEGIN` and :data:`END` in ``path`` with ``block``
+    (appended, with the markers, when the file has none); everything else stays."""
+    text = path.read_text() if path.exists() else ""
+    fresh = f"{BEGIN}\n{block.strip()}\n{END}"
+    if BEGIN in text and END in text.split(BEGIN, 1)[1]:
+        before, rest = text.split(BEGIN, 1)
+        text = before + fresh + rest.split(END, 1)[1]
+    else:
+        text = (text.rstrip() + "\n\n" if text else "") + fresh + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def results_block(text: str, when: str, machine: str) -> str:
+    """The suite's Markdown as a section of the results file: headings demoted two levels."""
+    body = "\n".join("##" + line if line.startswith("#") else line for line in text.splitlines())
+    return f"Last run: {when}, {machine}.\n\n" + body
 
 
 def _sizes(quick: bool) -> dict[str, list[str]]:
@@ -121,4 +153,12 @@ def run_suite(argv: list[str]) -> int:
     (folder / "suite.md").write_text(text)
     print("\n" + text.split("\n## ")[0])
     print(f"written: {folder / 'suite.md'}, {folder / 'suite.json'}")
+    results = args.results
+    if results is None:
+        results = "" if args.quick or not Path("docs/results.md").exists() else "docs/results.md"
+    if results:
+        when = time.strftime("%Y-%m-%d %H:%M %Z")
+        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+        regenerate_section(Path(results), results_block(text, when, machine))
+        print(f"regenerated the suite section of {results}")
     return 0
