@@ -105,14 +105,22 @@ class RelayEngine:
 
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
+        """Start uploading layer ``i``'s weights (asynchronous transports only); the
+        device buffer is booked as ``weights_prefetch`` until :meth:`_fetch` takes it."""
         if 0 <= i < len(self.layers) and i not in self._prefetched and self.transport.asynchronous:
-            self._prefetched[i] = self.transport.upload(self.eps.fetch(i))
+            pending = self.transport.upload(self.eps.fetch(i))
+            self._prefetched[i] = pending
+            self.ledger.add("weights_prefetch", pending.nbytes)
 
     def _fetch(self, i: int) -> _FetchedLayer:
         resident = self._resident.pop(i, None)
         if resident is not None:  # kept from the forward: no round trip
             return resident
-        pending = self._prefetched.pop(i, None) or self.transport.upload(self.eps.fetch(i))
+        pending = self._prefetched.pop(i, None)
+        if pending is not None:
+            self.ledger.sub("weights_prefetch", pending.nbytes)
+        else:
+            pending = self.transport.upload(self.eps.fetch(i))
         fetched = _FetchedLayer(self.layers[i], self._bindings[i], pending.wait())
         self.ledger.add("weights", _nbytes(fetched.weights))
         return fetched
