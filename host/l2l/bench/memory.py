@@ -5,6 +5,12 @@ and the planner's prediction beside each: device memory should not grow with
 depth (weights) and, with the host stash, not with the micro-batch count at a
 fixed micro-batch size either. ``device_peak_bytes`` is
 ``torch.cuda.max_memory_allocated`` on CUDA and the relay's ledger on the CPU.
+
+Beside the ledger, an independent measurement (``relay/audit.py``): at every
+layer boundary of both steps, the device bytes the relay can reach, found by
+walking its objects, against the ledger's current device bytes;
+``audit_max_diff_bytes`` is the largest difference over all boundaries (0:
+the ledger books exactly what the relay holds).
 """
 from __future__ import annotations
 
@@ -22,15 +28,18 @@ from ..models import build_stack
 from ..options import Parser
 from ..planner.measure import synthetic_batch
 from ..planner.model import Rates, predict
+from ..relay.audit import audited
 
 
-def _peak(cfg: TrainConfig, device: torch.device) -> tuple[int, int]:
+def _peak(cfg: TrainConfig, device: torch.device) -> tuple[int, int, int]:
+    """(device peak, weights + gradients peak, largest |audit - ledger| at a boundary)."""
     engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), device)
     try:
+        audit = audited(engine)
         batch = synthetic_batch(cfg)
         engine.train_step(batch, 0)  # the first step allocates what later steps reuse
         result = engine.train_step(batch, 1)
-        return result.device_peak_bytes, result.device_weight_peak_bytes
+        return result.device_peak_bytes, result.device_weight_peak_bytes, audit.worst
     finally:
         engine.close()
         if device.type == "cuda":
@@ -52,14 +61,15 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     for sweep_name, cfg in cases:
         for stash in ("device", "host"):
             c = replace(cfg, stash=stash).check()
-            peak, weights = _peak(c, device)
+            peak, weights, audit_diff = _peak(c, device)
             predicted = predict(c, rates).device_ledger_bytes
             rows.append({"sweep": sweep_name, "layers": c.layers, "micro_batches": c.micro_batches,
                          "batch_size": c.batch_size, "stash": stash, "device_peak_bytes": peak,
-                         "device_weight_peak_bytes": weights, "predicted_ledger_bytes": predicted})
+                         "device_weight_peak_bytes": weights, "predicted_ledger_bytes": predicted,
+                         "audit_max_diff_bytes": audit_diff})
             print(f"{sweep_name:13s} L={c.layers:3d} M={c.micro_batches:3d} stash {stash:6s} "
                   f"peak {peak / 2**20:9.2f} MiB  weights {weights / 2**20:8.2f} MiB  "
-                  f"planner {predicted / 2**20:9.2f} MiB", flush=True)
+                  f"planner {predicted / 2**20:9.2f} MiB  audit-ledger {audit_diff} B", flush=True)
     return rows
 
 
@@ -72,13 +82,17 @@ def spread(rows: list[dict], sweep_name: str, stash: str) -> float:
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     head = (f"Device memory, d {args.d_model}, seq {args.seq_len}, {args.micro_batch_size} sequences per "
             f"micro-batch, device {args.device}; second step of each configuration.\n\n"
-            "| sweep | layers | M | stash | device peak (MiB) | weights + grads (MiB) | planner (MiB) |\n"
-            "|---|---:|---:|---|---:|---:|---:|\n")
+            "| sweep | layers | M | stash | device peak (MiB) | weights + grads (MiB) | planner (MiB) "
+            "| max \\|audit - ledger\\| (B) |\n"
+            "|---|---:|---:|---|---:|---:|---:|---:|\n")
     body = "".join(f"| {r['sweep']} | {r['layers']} | {r['micro_batches']} | {r['stash']} "
                    f"| {r['device_peak_bytes'] / 2**20:.2f} | {r['device_weight_peak_bytes'] / 2**20:.2f} "
-                   f"| {r['predicted_ledger_bytes'] / 2**20:.2f} |\n" for r in rows)
+                   f"| {r['predicted_ledger_bytes'] / 2**20:.2f} | {r['audit_max_diff_bytes']} |\n" for r in rows)
     tail = "\nSpread of the device peak (max/min - 1): " + ", ".join(
         f"{s} over {w}: {spread(rows, w, s):.1%}" for w in ("depth", "micro_batches") for s in ("device", "host")) + "\n"
+    tail += ("\naudit: the device bytes the relay can reach at each layer boundary (relay/audit.py, "
+             "which does not read the ledger) against the ledger's current device bytes; the column is "
+             "the largest difference over both steps' boundaries.\n")
     return head + body + tail
 
 

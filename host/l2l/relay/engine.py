@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -102,17 +103,27 @@ class RelayEngine:
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
         self._recorder = Recorder(device)
+        self._store: BoundaryStore | None = None  # the running step's stash (None between steps)
+        self.boundary_hooks: list[Callable[[RelayEngine, str, int], None]] = []
 
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
+        """Start uploading layer ``i``'s weights (asynchronous transports only); the
+        device buffer is booked as ``weights_prefetch`` until :meth:`_fetch` takes it."""
         if 0 <= i < len(self.layers) and i not in self._prefetched and self.transport.asynchronous:
-            self._prefetched[i] = self.transport.upload(self.eps.fetch(i))
+            pending = self.transport.upload(self.eps.fetch(i))
+            self._prefetched[i] = pending
+            self.ledger.add("weights_prefetch", pending.nbytes)
 
     def _fetch(self, i: int) -> _FetchedLayer:
         resident = self._resident.pop(i, None)
         if resident is not None:  # kept from the forward: no round trip
             return resident
-        pending = self._prefetched.pop(i, None) or self.transport.upload(self.eps.fetch(i))
+        pending = self._prefetched.pop(i, None)
+        if pending is not None:
+            self.ledger.sub("weights_prefetch", pending.nbytes)
+        else:
+            pending = self.transport.upload(self.eps.fetch(i))
         fetched = _FetchedLayer(self.layers[i], self._bindings[i], pending.wait())
         self.ledger.add("weights", _nbytes(fetched.weights))
         return fetched
@@ -167,13 +178,35 @@ class RelayEngine:
         self.ledger.add("boundary", n)
         return n
 
+    def _boundary(self, phase: str, i: int) -> None:
+        for hook in self.boundary_hooks:
+            hook(self, phase, i)
+
     # ------------------------------------------------------------ training
     def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
         """One optimizer step over ``batch``; weights update eagerly, layer by layer.
 
         ``global_targets``: the loss's divisor when ``batch`` is one worker's shard of
         a larger batch (the reported loss is then this shard's share of the mean).
+
+        Layer boundaries: each hook in ``boundary_hooks`` is called as
+        ``hook(engine, phase, i)`` after the forward of layer ``i`` (phase
+        ``"forward"``, ``i`` from 0 to L-2), after the post stage (``"post"``,
+        ``i`` = L-1: its gradient handed over, its weights released) and after
+        each backward layer's hand-over and release (``"backward"``, ``i`` from
+        L-2 down to 0). There, everything the relay holds on the device for the
+        step is reachable from the engine -- fetched, prefetched and resident
+        weights and their gradients, and the stash (``engine._store`` during a
+        step) -- and nothing it has released is: ``relay/audit.py`` measures it
+        and compares it with the ledger. Hooks must only look: a hook that
+        computes on the device or changes the engine changes the step.
         """
+        try:
+            return self._train_step(batch, step, global_targets)
+        finally:
+            self._store = None
+
+    def _train_step(self, batch: Batch, step: int, global_targets: int | None) -> StepResult:
         self.stack.train(True)
         self.ledger.reset_peaks()
         if self.device.type == "cuda":
@@ -188,8 +221,8 @@ class RelayEngine:
         multiplier = scale / divisor
         mbs = self._split(batch)
         last = len(self.layers) - 1
-        store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
-                              schedule=_stash_schedule(last, len(mbs)))
+        store = self._store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
+                                            schedule=_stash_schedule(last, len(mbs)))
 
         # forward: pre and blocks, stashing each layer's input and recording each
         # call's graph (no saved tensors) for an early-stopping recompute
@@ -212,7 +245,9 @@ class RelayEngine:
                     self._resident[i] = layer  # backward starts with it right after the post stage
                 else:
                     self._release(layer)
+                del layer  # released: no local keeps its weights alive
                 self.eps.poll()
+                self._boundary("forward", i)
 
         # post stage: forward and backward at once
         grad_norm = None
@@ -235,6 +270,8 @@ class RelayEngine:
             del h, part
         self._hand_over(last, layer, scale)
         self._release(layer)
+        del layer
+        self._boundary("post", last)
 
         # backward: blocks and pre in reverse, recomputed from the stash
         for i in range(last - 1, -1, -1):
@@ -255,7 +292,9 @@ class RelayEngine:
                     del x, upstream, grad_x
             self._hand_over(i, layer, scale)
             self._release(layer)
+            del layer
             self.eps.poll()
+            self._boundary("backward", i)
 
         assert len(store) == 0, "stash not drained"
         if self.overflow == "strict" and self.owns_step:

@@ -90,5 +90,13 @@ class BoundaryStore:
                 self._ahead[nxt] = pending
                 self.ledger.add("stash_prefetch", pending.nbytes)
 
+    @property
+    def host_side(self) -> list[object]:
+        """The containers whose tensors are host memory (booked as ``host_stash``): the
+        stored items under policy ``host``, none under ``device``. What the store has
+        brought back ahead of use is on the device either way. ``relay/audit.py``
+        leaves these out of its measurement of device memory."""
+        return [self._items] if self.policy == "host" else []
+
     def __len__(self) -> int:
         return len(self._items)
