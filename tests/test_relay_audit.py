@@ -30,7 +30,7 @@ def _one_torch_thread():
 def _threaded(engine):
     """Put ``engine`` on the threaded CPU pipeline (asynchronous: prefetches weights and
     brings the host stash back ahead of use). The one place that names the transport."""
-    from l2l.relay.transport import ThreadedTransport
+    from threaded_transport import ThreadedTransport
     engine.transport = ThreadedTransport(CPU)
     return engine
 
