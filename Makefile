@@ -1,7 +1,7 @@
 # l2l: two commands on a fresh machine.
 #   make train   set up .venv and train the default model on the default corpus
 #   make test    set up .venv (with test extras) and run every test
-# Everything installs itself; see README "Setup" for what each step needs.
+# Everything installs itself; README "What setup installs" says what each step needs.
 
 PYTHON ?= python3
 VENV   ?= .venv

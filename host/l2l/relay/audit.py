@@ -21,7 +21,7 @@ by structure, never by asking the ledger -- what is not the relay's device
 working set:
 
 * the model template: ``engine.stack``, ``engine.layers`` and each layer,
-  ``engine._bindings`` and each binding. Their parameters are meta
+  ``engine.bindings`` and each binding. Their parameters are meta
   placeholders; their buffers (a causal mask, say) are moved to the device once
   at construction and belong to the model, not to a step. A fetched layer
   refers to its template layer and binding, so they are stops wherever met.
@@ -64,7 +64,7 @@ def _is_l2l(obj: object) -> bool:
 
 def _stops(engine) -> set[int]:
     """ids of the objects the walk does not enter (see the module docstring)."""
-    stops = [engine.stack, engine.layers, *engine.layers, engine._bindings, *engine._bindings,
+    stops = [engine.stack, engine.layers, *engine.layers, engine.bindings, *engine.bindings,
              engine.eps, engine.ledger]
     for name in ("pool", "_pinned"):
         stops.append(getattr(engine.transport, name, None))

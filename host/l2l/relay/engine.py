@@ -99,7 +99,7 @@ class RelayEngine:
         for i, layer in enumerate(self.layers):
             if i not in eps.layers:
                 eps.add_layer(i, layer.layout.flatten(layer.module))
-        self._bindings = [WeightBinding(layer.module, device) for layer in self.layers]
+        self.bindings = [WeightBinding(layer.module, device) for layer in self.layers]
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
         self._recorder = Recorder(device)
@@ -124,7 +124,7 @@ class RelayEngine:
             self.ledger.sub("weights_prefetch", pending.nbytes)
         else:
             pending = self.transport.upload(self.eps.fetch(i))
-        fetched = _FetchedLayer(self.layers[i], self._bindings[i], pending.wait())
+        fetched = _FetchedLayer(self.layers[i], self.bindings[i], pending.wait())
         self.ledger.add("weights", _nbytes(fetched.weights))
         return fetched
 
