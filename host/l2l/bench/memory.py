@@ -15,9 +15,7 @@ the ledger books exactly what the relay holds).
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -25,9 +23,10 @@ from ..build import build_engine, resolve_device
 from ..config import TrainConfig
 from ..errors import UserError
 from ..models import build_stack
-from ..options import Parser
+from ..options import BATCH, DEVICE, MODEL, Parser, add_options
 from ..planner.measure import synthetic_batch
 from ..planner.model import Rates, predict
+from .output import save_results
 from ..relay.audit import audited
 
 
@@ -98,16 +97,14 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="l2l bench memory", description=__doc__)
-    p.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16, 32], help="depths of the depth sweep")
-    p.add_argument("--micro-batches", type=int, default=4, help="M in the depth sweep")
+    add_options(p, [o for o in MODEL if o.flag in ("--layers", "--d-model", "--heads", "--seq-len")]
+                + [o for o in BATCH if o.flag == "--micro-batches"] + list(DEVICE),
+                defaults={"layers": [4, 8, 16, 32], "micro_batches": 4, "d_model": 256, "heads": 4, "seq_len": 128},
+                several=("layers",))
     p.add_argument("--fixed-layers", type=int, default=4, help="depth in the micro-batch sweep")
     p.add_argument("--micro-batch-counts", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per micro-batch")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default="bench/results", help="folder for the JSON and Markdown results")
     return p
 
 
@@ -117,12 +114,7 @@ def run_memory_bench(argv: list[str]) -> dict:
     if min(args.layers + args.micro_batch_counts + [args.micro_batches, args.fixed_layers, args.micro_batch_size]) < 1:
         raise UserError("layers, micro-batch counts and sizes must be >= 1")
     rows = sweep(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     result = {"args": vars(args), "rows": rows,
               "spread": {f"{w}/{s}": spread(rows, w, s) for w in ("depth", "micro_batches") for s in ("device", "host")}}
-    (out / "bench_memory.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(rows, args)
-    (out / "bench_memory.md").write_text(table)
-    print("\n" + table)
+    save_results(args.out, "bench_memory", result, markdown(rows, args))
     return result

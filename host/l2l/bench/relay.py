@@ -12,9 +12,7 @@ EPS. Writes JSON and a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
-from pathlib import Path
 
 from ..build import resolve_device
 from ..config import TrainConfig
@@ -22,6 +20,7 @@ from ..data import BatchSampler, load_corpus
 from ..models import family
 from ..options import BATCH, DEVICE, MODEL, RELAY, Parser, add_options
 from ..planner import calibrate, measure_rates, predict
+from .output import save_results
 from .timing import time_engines
 
 
@@ -126,10 +125,5 @@ def _parser() -> argparse.ArgumentParser:
 def run_relay_bench(argv: list[str]) -> list[dict]:
     args = _parser().parse_args(argv)
     rows = relay_vs_plain(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "relay_vs_plain.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
-    table = markdown(rows, args)
-    (out / "relay_vs_plain.md").write_text(table)
-    print("\n" + table)
+    save_results(args.out, "relay_vs_plain", {"args": vars(args), "rows": rows}, markdown(rows, args))
     return rows

@@ -9,9 +9,7 @@ well K workers fill them; on a GPU box each worker has its own device.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -20,7 +18,8 @@ from ..config import TrainConfig
 from ..data import BatchSampler, load_corpus
 from ..errors import UserError
 from ..models import family
-from ..options import Parser
+from ..options import BATCH, DEVICE, EPS, MODEL, Parser, add_options
+from .output import save_results
 from .timing import time_engines
 
 
@@ -56,18 +55,14 @@ def markdown(rows: list[dict], args) -> str:
 
 def _parser():
     p = Parser(prog="l2l bench workers", description=__doc__)
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--eps", default="numpy")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="worker counts (--devices K) to time")
+    add_options(p, [o for o in MODEL if o.flag in ("--layers", "--d-model", "--heads", "--seq-len")] + list(BATCH)
+                + list(DEVICE) + [o for o in EPS if o.flag == "--eps"],
+                defaults={"layers": 4, "d_model": 256, "heads": 4, "seq_len": 128, "batch_size": 16,
+                          "micro_batches": 8})
+    p.add_argument("--steps", type=int, default=6, help="timed steps per engine (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default %(default)s)")
+    p.add_argument("--out", default="bench/results", help="folder for the JSON and Markdown results")
     return p
 
 
@@ -76,10 +71,5 @@ def run_workers_bench(argv: list[str]) -> int:
     if any(args.micro_batches % k for k in args.workers):
         raise UserError(f"--micro-batches {args.micro_batches} must be a multiple of every worker count")
     rows = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_workers.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
-    table = markdown(rows, args)
-    (out / "bench_workers.md").write_text(table)
-    print("\n" + table)
+    save_results(args.out, "bench_workers", {"args": vars(args), "rows": rows}, markdown(rows, args))
     return 0
