@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import platform
 import statistics
@@ -41,6 +40,7 @@ from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES
 from ..errors import UserError
 from ..hostmem import aligned_empty
 from ..options import Parser
+from .output import save_results
 
 _TORCH_DTYPES = {COPY_DTYPES["fp32"]: torch.float32, COPY_DTYPES["bf16"]: torch.bfloat16,
                  COPY_DTYPES["fp16"]: torch.float16}
@@ -422,10 +422,5 @@ def run_eps_bench_result(argv: list[str]) -> dict:
     if args.numel < 1 or args.contributions < 1 or args.repeats < 1 or args.warmup < 0 or not args.inv_scale > 0:
         raise UserError("--numel, --contributions and --repeats must be >= 1, --warmup >= 0, --inv-scale > 0")
     result = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_eps.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "bench_eps.md").write_text(table)
-    print(table)
+    save_results(args.out, "bench_eps", result, markdown(result))
     return result
