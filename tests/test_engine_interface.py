@@ -1,0 +1,45 @@
+"""Every engine plays the one Engine role: the relay, K relay workers on one EPS, the baseline."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from l2l.build import build_engine
+from l2l.config import TrainConfig
+from l2l.engine import Engine, StepResult
+from l2l.models import build_stack
+
+from conftest import CPU, sampler_for
+
+BASE = TrainConfig(layers=2, d_model=32, heads=2, seq_len=16, batch_size=4, micro_batches=2, progress=False)
+CONFIGS = {"relay": BASE, "two workers": replace(BASE, devices=2),
+           "two workers, strict": replace(BASE, devices=2, overflow="strict"),
+           "baseline": replace(BASE, engine="plain")}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_engine_role_and_its_learning_rate(name, corpus):
+    cfg = CONFIGS[name].check()
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    try:
+        assert isinstance(engine, Engine)
+        sampler = sampler_for(corpus, cfg.model_config(), cfg.batch_size)
+        before = engine.master_weights()
+        engine.set_lr(0.0)  # lr 0: AdamW moves nothing (decay 1 - lr*wd = 1, step -lr*... = 0)
+        result = engine.train_step(sampler.batch(0), 0)
+        assert isinstance(result, StepResult) and np.isfinite(result.loss)
+        after = engine.master_weights()
+        assert all(np.array_equal(a, b) for a, b in zip(before, after))
+        engine.set_lr(1e-2)
+        engine.train_step(sampler.batch(1), 1)
+        moved = engine.master_weights()
+        assert all(not np.array_equal(a, b) for a, b in zip(after, moved))
+        val = engine.evaluate([sampler.batch(2)])
+        assert np.isfinite(val) and engine.master_weights()[0].tobytes() == moved[0].tobytes()
+        tensors, meta = engine.state_tensors(), engine.state_meta()
+        assert set(tensors) == {f"layer{i}.{k}" for i in range(4) for k in "pmv"}
+        assert meta["steps"] in ({str(i): 2 for i in range(4)}, {i: 2 for i in range(4)})
+    finally:
+        engine.close()
