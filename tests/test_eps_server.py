@@ -493,3 +493,28 @@ def test_host_arrays_start_on_a_cache_line(dtype, n):
     assert n == 0 or a.ctypes.data % 64 == 0  # (an empty array has no data to place)
     a[:] = 1
     assert (a == 1).all()
+
+
+def test_update_records_are_bounded_and_read_by_cursor():
+    """A long run keeps a few steps' records, not one per update forever; a reader that
+    reads every step sees each record once, and one that fell behind is told."""
+    from l2l.eps.server import HISTORY_STEPS
+    srv = EagerParamServer(NumpyBackend(), HYPER)
+    try:
+        for layer in range(3):
+            srv.add_layer(layer, np.zeros(16, np.float32))
+        cursor, seen = 0, []
+        for _ in range(10 * HISTORY_STEPS):
+            for layer in (2, 1, 0):
+                srv.gradient_inbox(layer)[:] = 1.0
+                srv.push_gradient(layer, divisor=1.0)
+            srv.synchronize()
+            new, cursor = srv.records_since(cursor)
+            seen += new
+        assert len(srv.history) == HISTORY_STEPS * 3 and srv.records_total == 30 * HISTORY_STEPS
+        assert [r.layer for r in seen] == [2, 1, 0] * (10 * HISTORY_STEPS)
+        assert [r.step for r in seen if r.layer == 0] == list(range(1, 10 * HISTORY_STEPS + 1))
+        with pytest.raises(RuntimeError, match="dropped"):
+            srv.records_since(0)
+    finally:
+        srv.close()
