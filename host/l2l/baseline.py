@@ -43,6 +43,7 @@ class PlainEngine:
         self.checkpointing = checkpointing
         self.compute_dtype = COMPUTE_DTYPES[precision]
         self.clip_grad_norm = clip_grad_norm
+        stack.materialize(device)  # a model read from a checkpoint arrives without weights of its own
         self.modules = [layer.module.to(device) for layer in stack.layers]
         self.params = [p for m in self.modules for p in m.parameters()]
         self.optimizer = torch.optim.AdamW(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .errors import UserError
-from .models import FAMILIES, ModelConfig
+from .models import ModelConfig, family
 
 ENGINES = ("l2l", "plain")
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,6 +33,7 @@ class TrainConfig:
     heads: int = ModelConfig.heads
     seq_len: int = ModelConfig.seq_len
     dropout: float = ModelConfig.dropout
+    init: str = ModelConfig.init  # --model DIR: pretrained (its weights) or random
     batch_size: int = 32
     micro_batches: int = 4
     steps: int = 300
@@ -82,7 +83,7 @@ class TrainConfig:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
-                           heads=self.heads, seq_len=self.seq_len, dropout=self.dropout)
+                           heads=self.heads, seq_len=self.seq_len, dropout=self.dropout, init=self.init)
 
     @property
     def total_schedule_steps(self) -> int:
@@ -101,7 +102,8 @@ class TrainConfig:
             if not ok:
                 raise UserError(msg)
 
-        need(self.model in FAMILIES, f"unknown model {self.model!r}; choose one of {', '.join(FAMILIES)}")
+        family(self.model)  # a built-in family or a model directory whose family is supported
+        need(self.init in ("pretrained", "random"), f"unknown --init {self.init!r}; choose pretrained or random")
         from .eps import BACKENDS
         need(self.eps in BACKENDS, f"unknown EPS backend {self.eps!r}; choose one of {', '.join(BACKENDS)}")
         need(self.eps == "opencl" or not (self.cl_platform or self.cl_device or self.cl_binary),

@@ -40,7 +40,10 @@ def _one_of(names: Sequence[str]) -> str:
 
 
 MODEL = (
-    Option("--model", "model family: gpt | hf-gpt2 | hf-bert (default %(default)s)"),
+    Option("--model", "gpt | hf-gpt2 | hf-bert, or a Hugging Face model directory (config.json and "
+           "safetensors; llama, mistral, qwen2, qwen3) (default %(default)s)"),
+    Option("--init", "with a model directory: pretrained (its weights, default) | random (its architecture, "
+           "fresh weights)"),
     Option("--layers", "transformer blocks (default %(default)s)", int),
     Option("--d-model", "width (default %(default)s)", int),
     Option("--heads", "attention heads (default %(default)s)", int),

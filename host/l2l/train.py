@@ -137,8 +137,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     say = _printer(cfg)
-    say(f"l2l: {cfg.engine} engine, {cfg.model} {cfg.layers} layers x d{cfg.d_model} "
-        f"({stack.num_params / 1e6:.2f}M params) on {device}"
+    say(f"l2l: {cfg.engine} engine, {_model_line(cfg, stack)} ({stack.num_params / 1e6:.2f}M params) on {device}"
         + (f" x {cfg.devices} workers" if cfg.devices > 1 else "")
         + (f", {world} machines" if world > 1 else "") + f"; data: {corpus.description}")
     if saved is not None:
@@ -203,7 +202,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
 
     if main and cfg.plot and (out / "metrics.jsonl").stat().st_size:
         plot_metrics(out / "metrics.jsonl", out / "metrics.png",
-                     title=f"{cfg.engine} {cfg.model} L{cfg.layers} d{cfg.d_model}",
+                     title=f"{cfg.engine} {_model_line(cfg, stack)}",
                      initial_val_loss=initial_val)
     summary = RunSummary(out=str(out), steps=cfg.steps, initial_val_loss=initial_val,
                          final_val_loss=last_val, final_loss=last_loss,
@@ -227,6 +226,14 @@ def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> Non
             "signature": stack.signature(), "engine": engine.state_meta(),
             "data": sampler.state_dict(), "rng": _rng_meta(), "initial_val_loss": initial_val}
     ckpt.save_checkpoint(out, step, engine.state_tensors(), meta, keep=cfg.keep_checkpoints)
+
+
+def _model_line(cfg: TrainConfig, stack) -> str:
+    """What the run trains, in a few words: the shape options of a built-in model, or a
+    directory's family and depth (its shape comes from its config, not the options)."""
+    if "directory" in stack.config:
+        return f"{stack.config['model_type']} from {cfg.model}, {len(stack.layers) - 2} blocks"
+    return f"{cfg.model} {cfg.layers} layers x d{cfg.d_model}"
 
 
 def _printer(cfg: TrainConfig):

@@ -49,11 +49,21 @@ FAMILIES: dict[str, ModelFamily] = {
 }
 
 
+def _build_pretrained(cfg: ModelConfig) -> LayerStack:
+    _need_transformers()
+    from .pretrained import build_pretrained
+    return build_pretrained(cfg.family, cfg.init)
+
+
 def family(name: str) -> ModelFamily:
-    try:
+    """A built-in family by name, or the family of a local Hugging Face model directory."""
+    if name in FAMILIES:
         return FAMILIES[name]
-    except KeyError:
-        raise UserError(f"unknown model {name!r}; choose one of {', '.join(FAMILIES)}") from None
+    from .pretrained import is_model_dir, objective_of, read_config
+    if is_model_dir(name):
+        return ModelFamily(read_config(name)["model_type"], objective_of(name), _build_pretrained)
+    raise UserError(f"unknown model {name!r}; choose one of {', '.join(FAMILIES)} or a Hugging Face model "
+                    "directory (config.json and safetensors weights)")
 
 
 def build_stack(cfg: ModelConfig, seed: int) -> LayerStack:

@@ -15,6 +15,10 @@ class ModelConfig:
     heads: int = 4
     seq_len: int = 128
     dropout: float = 0.0
+    init: str = "pretrained"  # a model directory: its weights, or "random" (built-in families: random)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The shape, as checkpoints record it (``init`` is not shape: a resume reads the weights)."""
+        d = asdict(self)
+        del d["init"]
+        return d

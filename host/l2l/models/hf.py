@@ -56,7 +56,7 @@ class Recipe:
     than the hidden states.
     """
 
-    make: Callable[[ModelConfig], nn.Module]
+    make: Callable[[ModelConfig], nn.Module] | None  # None: built from a checkpoint's own config
     pre: Callable[[nn.Module], nn.Module]
     blocks: str
     head: tuple[str, ...]
@@ -117,7 +117,11 @@ def build_from_recipe(recipe: Recipe, cfg: ModelConfig) -> LayerStack:
     """Build the HF model (the caller seeds the RNG) and cut it into a stack."""
     if cfg.d_model % cfg.heads:
         raise ValueError("d_model must be a multiple of heads")
-    model = recipe.make(cfg)
+    return cut_model(recipe, recipe.make(cfg), cfg.to_dict())
+
+
+def cut_model(recipe: Recipe, model: nn.Module, stack_config: dict) -> LayerStack:
+    """``model``'s parts, as ``recipe`` finds them, moved into a layer stack."""
     if model.config._attn_implementation != "sdpa":  # a lone block is only causal under sdpa
         raise RuntimeError(f"expected sdpa attention, got {model.config._attn_implementation!r}")
     aux = model.get_submodule(recipe.block_aux) if recipe.block_aux else None
@@ -129,7 +133,7 @@ def build_from_recipe(recipe: Recipe, cfg: ModelConfig) -> LayerStack:
     if len(parts) != len(recipe.head):
         raise ValueError(f"head paths must end in distinct names: {recipe.head}")
     layers.append(Layer("post", "post", Head(parts)))
-    stack = LayerStack(layers, cfg.to_dict(), model.config.vocab_size)
+    stack = LayerStack(layers, stack_config, model.config.vocab_size)
     stack.train(True)  # like the built-in model; the relay sets the mode it needs
     return stack
 
@@ -199,3 +203,19 @@ BERT = Recipe(make=_make_bert, pre=_bert_pre, blocks="bert.encoder.layer",
 def build_hf_bert(cfg: ModelConfig) -> LayerStack:
     """HF BERT over bytes plus a mask token, as a layer stack (masked-LM objective)."""
     return build_from_recipe(BERT, cfg)
+
+
+# ---- Llama-style decoders (Llama, Mistral, Qwen2, Qwen3) --------------------
+
+def _decoder_pre(model: nn.Module) -> nn.Module:
+    return Embed(model.model.embed_tokens)
+
+
+def _rotary_kwargs(rotary: nn.Module | None, hidden: torch.Tensor) -> dict[str, Any]:
+    """Positions 0..T-1 and their rotary embedding, which these layers take as arguments."""
+    positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    return {"position_embeddings": rotary(hidden, positions), "position_ids": positions}
+
+
+DECODER = Recipe(make=None, pre=_decoder_pre, blocks="model.layers", head=("model.norm", "lm_head"),
+                 block_kwargs=_rotary_kwargs, block_aux="model.rotary_emb")

@@ -17,7 +17,7 @@ contiguous fp32 vector per layer, the unit the EPS stores and updates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -72,6 +72,9 @@ class Layer:
     name: str
     kind: str  # "pre" | "block" | "post"
     module: nn.Module
+    # where the initial weights come from when the module has none of its own (a model
+    # built on the meta device, its weights read from a checkpoint); None: the module's
+    source: Callable[[], np.ndarray] | None = None
     layout: FlatLayout = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,29 @@ class LayerStack:
 
     def signature(self) -> dict[str, Any]:
         return {"config": self.config, "layers": [[l.name, l.layout.numel] for l in self.layers]}
+
+    def initial_weights(self, i: int) -> np.ndarray:
+        """Layer ``i``'s initial weights as one fp32 vector in its layout (read one layer at a time)."""
+        layer = self.layers[i]
+        flat = layer.source() if layer.source is not None else layer.layout.flatten(layer.module)
+        if flat.shape != (layer.layout.numel,) or flat.dtype != np.float32:
+            raise ValueError(f"{layer.name}: initial weights of shape {flat.shape} and dtype {flat.dtype}, "
+                             f"expected ({layer.layout.numel},) float32")
+        return flat
+
+    def materialize(self, device: torch.device) -> None:
+        """Give every layer whose parameters are meta placeholders real parameters on
+        ``device``, filled with its initial weights (what an in-memory engine needs)."""
+        for i, layer in enumerate(self.layers):
+            if not any(p.is_meta for p in layer.module.parameters()):
+                continue
+            flat = torch.from_numpy(self.initial_weights(i))
+            fresh = {s.name: nn.Parameter(flat[s.offset:s.offset + s.numel].view(s.shape).to(device).clone())
+                     for s in layer.layout.slots}
+            first: dict[int, str] = {}
+            for name, p in list(layer.module.named_parameters(remove_duplicate=False)):
+                owner, _, attr = name.rpartition(".")
+                layer.module.get_submodule(owner)._parameters[attr] = fresh[first.setdefault(id(p), name)]
 
     def train(self, mode: bool = True) -> None:
         for layer in self.layers:

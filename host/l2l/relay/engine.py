@@ -98,7 +98,7 @@ class RelayEngine:
         self.layers = stack.layers
         for i, layer in enumerate(self.layers):
             if i not in eps.layers:
-                eps.add_layer(i, layer.layout.flatten(layer.module))
+                eps.add_layer(i, stack.initial_weights(i))
         self.bindings = [WeightBinding(layer.module, device) for layer in self.layers]
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}

@@ -1,0 +1,184 @@
+"""Local Hugging Face checkpoints in: ``--model DIR`` for Llama, Mistral, Qwen2 and Qwen3.
+
+Each test writes its tiny checkpoint itself with ``save_pretrained`` (random init,
+safetensors; one sharded), so nothing comes from a hub.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from l2l.build import build_engine
+from l2l.config import TrainConfig
+from l2l.data import Batch
+from l2l.models import build_stack
+
+from conftest import CPU, run_cli
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, SEQ = 300, 16
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def _families():
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    return {
+        "llama-gqa": (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2)),
+        "llama-rope-scaled": (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=4,
+                                                            rope_scaling={"rope_type": "linear", "factor": 2.0})),
+        "mistral": (MistralForCausalLM, MistralConfig(**SHAPE, num_key_value_heads=2)),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, num_key_value_heads=2)),
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=2, head_dim=16)),
+    }
+
+
+def _write(tmp: Path, name: str, **save) -> Path:
+    cls, config = _families()[name]
+    torch.manual_seed(0)
+    model = cls(config)
+    with torch.no_grad():  # biases and norms away from their init, so a wrong mapping shows
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    out = tmp / name
+    model.save_pretrained(out, **save)
+    return out
+
+
+def _batch(seed: int = 0, batch: int = 4) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, SEQ + 1), generator=g)
+    return Batch(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+
+
+def _hf_loss_sum(model, batch: Batch) -> torch.Tensor:
+    logits = model(batch.inputs).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
+                                             reduction="sum")
+
+
+def _cfg(directory: Path, **kw) -> TrainConfig:
+    return TrainConfig(model=str(directory), seq_len=SEQ, batch_size=4, micro_batches=4, progress=False,
+                       **kw).check()
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-rope-scaled", "mistral", "qwen2", "qwen3"])
+def test_a_checkpoint_loads_and_its_loss_equals_hugging_faces(name, tmp_path):
+    sharded = name == "llama-gqa"
+    directory = _write(tmp_path, name, **({"max_shard_size": "40KB"} if sharded else {}))
+    assert (directory / "model.safetensors.index.json").exists() == sharded
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    batch = _batch()
+    with torch.no_grad():
+        want = float(_hf_loss_sum(hf, batch))
+    for engine_name in ("l2l", "plain"):
+        cfg = _cfg(directory, engine=engine_name)
+        engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+        try:
+            got = engine.evaluate([batch]) * batch.num_targets
+        finally:
+            engine.close()
+        assert got == pytest.approx(want, rel=1e-5), engine_name
+
+
+def test_fine_tuning_equals_hugging_face_trained_in_memory(tmp_path):
+    directory = _write(tmp_path, "qwen2")
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.99, adam_eps=1e-8, weight_decay=0.01)
+    cfg = _cfg(directory, **hyper)
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+    try:
+        for step in range(8):
+            batch = _batch(seed=step)
+            ours = engine.train_step(batch, step).loss
+            opt.zero_grad()
+            loss = _hf_loss_sum(hf, batch) / batch.num_targets
+            loss.backward()
+            opt.step()
+            assert ours == pytest.approx(float(loss.detach()), rel=1e-5), step
+        ours = dict(zip(range(4), engine.master_weights()))
+    finally:
+        engine.close()
+    stack = build_stack(cfg.model_config(), cfg.seed)
+    params = dict(hf.named_parameters())
+    embed = ours[0][:VOCAB * 64].reshape(VOCAB, 64)  # the pre stage holds the token embedding alone
+    np.testing.assert_allclose(embed, params["model.embed_tokens.weight"].detach().numpy(), rtol=1e-4, atol=1e-6)
+    head = stack.layers[-1].layout
+    lm = next(s for s in head.slots if s.name.endswith("lm_head.weight"))
+    np.testing.assert_allclose(ours[3][lm.offset:lm.offset + lm.numel].reshape(lm.shape),
+                               params["lm_head.weight"].detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_train_from_the_command_line_pretrained_and_random(tmp_path):
+    directory = _write(tmp_path, "llama-gqa")
+    flags = ["--model", str(directory), "--seq-len", str(SEQ), "--batch-size", "4", "--micro-batches", "2",
+             "--steps", "2", "--eval-batches", "1", "--no-plot"]
+    for init in ("pretrained", "random"):
+        r = run_cli("train", *flags, "--init", init, "--out", str(tmp_path / init))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"llama from {directory}, 2 blocks" in r.stdout
+        summary = json.loads((tmp_path / init / "summary.json").read_text())
+        assert np.isfinite(summary["final_val_loss"])
+    first = [json.loads(line)["loss"] for line in (tmp_path / "pretrained" / "metrics.jsonl").read_text().splitlines()]
+    fresh = [json.loads(line)["loss"] for line in (tmp_path / "random" / "metrics.jsonl").read_text().splitlines()]
+    assert first != fresh  # the checkpoint's weights, not a fresh init
+
+
+def _refused(tmp_path, directory, *needles):
+    r = run_cli("train", "--model", str(directory), "--steps", "1", "--out", str(tmp_path / "out"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("l2l: error:"), r.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_checkpoints_are_one_line(tmp_path):
+    llama = _write(tmp_path, "llama-gqa")
+    # an unsupported family names the supported ones
+    other = tmp_path / "neox"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**json.loads((llama / "config.json").read_text()),
+                                                   "model_type": "gpt_neox"}))
+    _refused(tmp_path, other, "gpt_neox", "llama, mistral, qwen2, qwen3")
+    # pickle weights are never loaded
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((llama / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    _refused(tmp_path, pickled, "pytorch_model.bin", "safetensors")
+    # a missing tensor is named
+    from safetensors.torch import load_file, save_file
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    (missing / "config.json").write_text((llama / "config.json").read_text())
+    tensors = {}
+    for shard in sorted(llama.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, missing / "model.safetensors")
+    _refused(tmp_path, missing, "model.layers.1.mlp.up_proj.weight")
+    # tied embeddings are refused, not silently untied
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    (tied / "config.json").write_text(json.dumps({**json.loads((llama / "config.json").read_text()),
+                                                  "tie_word_embeddings": True}))
+    _refused(tmp_path, tied, "tie_word_embeddings")
+
+
+def test_the_planner_counts_a_model_directory(tmp_path):
+    from l2l.planner import layer_shapes
+    directory = _write(tmp_path, "qwen3")
+    cfg = _cfg(directory)
+    shapes = layer_shapes(cfg)
+    stack = build_stack(cfg.model_config(), 0)
+    assert [s.params for s in shapes] == [layer.layout.numel for layer in stack.layers]
+    assert replace(cfg, init="random").check().init == "random"
