@@ -326,8 +326,10 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(_step_dirs(ckpt_dir))]
 
 
-def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
+def load_latest(run_dir: str | os.PathLike, *, arrays: bool = True) -> Checkpoint | None:
     """Load and verify the checkpoint ``LATEST`` names; None if the run has none.
+    With ``arrays`` False the tensors are verified but not loaded (read them one at a
+    time with :func:`read_array`).
 
     Without ``LATEST``, falls back to the newest step directory that
     verifies (with a warning). Raises UserError when ``LATEST`` names a
@@ -340,7 +342,7 @@ def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
     try:
         raw = latest.read_bytes()
     except FileNotFoundError:
-        return _load_newest_verifying(ckpt_dir)
+        return _load_newest_verifying(ckpt_dir, arrays)
     except OSError as e:
         raise UserError(f"cannot read {latest}: {e.strerror or e}") from None
     try:
@@ -353,12 +355,12 @@ def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
     if not target.exists():
         aside = ckpt_dir / f"{_REPLACED_PREFIX}{name}"
         if aside.is_dir():  # killed while replacing this very step; the old copy is intact
-            return load_checkpoint(aside)
+            return load_checkpoint(aside, arrays=arrays)
         raise UserError(f"{latest} names {target}, which does not exist")
-    return load_checkpoint(target)
+    return load_checkpoint(target, arrays=arrays)
 
 
-def _load_newest_verifying(ckpt_dir: Path) -> Checkpoint | None:
+def _load_newest_verifying(ckpt_dir: Path, arrays: bool = True) -> Checkpoint | None:
     candidates = dict(_step_dirs(ckpt_dir))
     for p in ckpt_dir.iterdir():  # copies orphaned by a kill while replacing a step
         m = _STEP_DIR_RE.fullmatch(p.name[len(_REPLACED_PREFIX) :])
@@ -369,7 +371,7 @@ def _load_newest_verifying(ckpt_dir: Path) -> Checkpoint | None:
     errors = []
     for step in sorted(candidates, reverse=True):
         try:
-            ckpt = load_checkpoint(candidates[step])
+            ckpt = load_checkpoint(candidates[step], arrays=arrays)
         except UserError as e:
             errors.append(str(e))
             continue
@@ -383,8 +385,9 @@ def _load_newest_verifying(ckpt_dir: Path) -> Checkpoint | None:
     raise UserError(f"no checkpoint in {ckpt_dir} verifies and LATEST is missing; newest: {errors[0]}")
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Load one checkpoint directory after checking its format, size and SHA-256.
+def load_checkpoint(path: str | os.PathLike, *, arrays: bool = True) -> Checkpoint:
+    """Load one checkpoint directory after checking its format, size and SHA-256
+    (``arrays`` False: verify, but leave the tensors for :func:`read_array`).
 
     Any problem raises UserError with a one-line message naming the path.
     """
@@ -439,11 +442,22 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise UserError(f"{where} is unreadable: {TENSORS_FILE}: {e.strerror or e}") from None
     if digest != info["sha256"]:
         raise UserError(f"{where} is corrupt: {TENSORS_FILE} SHA-256 mismatch")
+    if not arrays:
+        return Checkpoint(step=step, tensors={}, meta=user_meta, path=path)
     try:
         tensors = load_file(tensor_path)
     except Exception as e:  # safetensors raises its own error types
         raise UserError(f"{where} is corrupt: {TENSORS_FILE} cannot be read ({_one_line(e)})") from None
     return Checkpoint(step=step, tensors=dict(tensors), meta=user_meta, path=path)
+
+
+def read_array(checkpoint: Checkpoint, name: str) -> np.ndarray:
+    """One array of a verified checkpoint, read on its own (the file is memory-mapped)."""
+    from safetensors import safe_open
+    with safe_open(str(checkpoint.path / TENSORS_FILE), framework="numpy") as f:
+        if name not in f.keys():
+            raise UserError(f"checkpoint {checkpoint.path} has no array {name!r}")
+        return f.get_tensor(name)
 
 
 def _hash(path: Path, fsync: bool = False) -> tuple[int, str]:
