@@ -18,7 +18,7 @@ VOCAB = 300
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "def add(a, b):\n    return a + b\n",
-    "Über die Brücke gehen naïve Leute ins Café, 日本語のテキスト, emoji 🙂 and tabs\tand  double spaces.",
+    "Über die Brücke gehen naïve Leute ins Café, 日本語のテキスト, emoji 🙂, tabs\tand  double spaces.",
 ]
 
 
@@ -133,8 +133,8 @@ def test_a_directory_transformers_saved_loads_with_its_chat_template(trained, tm
     out, _ = trained
     transformers = pytest.importorskip("transformers")
     template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(str(out)).backend,
-                                                eos_token=EOS_TOKEN)
+    backend = load_tokenizer(str(out)).backend
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN)
     fast.chat_template = template
     fast.save_pretrained(str(tmp_path / "saved"))
     tok = load_tokenizer(str(tmp_path / "saved"), None)

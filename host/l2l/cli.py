@@ -68,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     t_sub = t.add_subparsers(dest="action", required=True, parser_class=Parser)
     tt = t_sub.add_parser("train", help="train a byte-level BPE with <|endoftext|> on text; write a Hugging Face "
                                         "tokenizer directory")
-    tt.add_argument("--data", required=True, metavar="PATH", help="a text file, or a folder (its files as for l2l train --data)")
-    tt.add_argument("--vocab-size", required=True, type=int, metavar="N", help="ids in all, at least 257 (256 bytes and "
-                                                                 "<|endoftext|>); the trainer may stop below it")
+    tt.add_argument("--data", required=True, metavar="PATH",
+                    help="a text file, or a folder (its files as for l2l train --data)")
+    tt.add_argument("--vocab-size", required=True, type=int, metavar="N",
+                    help="ids in all, at least 257 (256 bytes and <|endoftext|>); the trainer may stop below it")
     tt.add_argument("--out", required=True, metavar="DIR", help="directory to write; must not exist or be empty")
     sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
                                 "(options: l2l plan --help)")
