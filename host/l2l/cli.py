@@ -38,6 +38,19 @@ def _cmd_opencl_binary(args) -> int:
     return 0
 
 
+def _cmd_tokenizer(args) -> int:
+    """``l2l tokenizer train``: a byte-level BPE on a text file or folder (the rules of --data)."""
+    import os
+
+    from .tokenizer import text_files, train_bpe
+    files = text_files(args.data)
+    tok = train_bpe(files, args.vocab_size, args.out)
+    size = sum(os.path.getsize(f) for f in files)
+    print(f"tokenizer: vocab {tok.vocab_size:,} (asked {args.vocab_size:,}), eos {tok.eos_token} "
+          f"(id {tok.eos_id}), {len(files)} file{'s' if len(files) != 1 else ''}, {size:,} bytes -> {args.out}")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from .bench import run_bench
     return run_bench(args.what, args.rest)
@@ -51,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("opencl-binary", help="build the OpenCL EPS kernels and save the program binary")
     o.add_argument("--out", required=True, help="file to write (then: l2l train --eps opencl --cl-binary FILE)")
     add_options(o, [opt for opt in EPS if opt.flag in ("--cl-platform", "--cl-device")])
+    t = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (l2l tokenizer train --help)")
+    t_sub = t.add_subparsers(dest="action", required=True, parser_class=Parser)
+    tt = t_sub.add_parser("train", help="train a byte-level BPE with <|endoftext|> on text; write a Hugging Face "
+                                        "tokenizer directory")
+    tt.add_argument("--data", required=True, metavar="PATH",
+                    help="a text file, or a folder (its files as for l2l train --data)")
+    tt.add_argument("--vocab-size", required=True, type=int, metavar="N",
+                    help="ids in all, at least 257 (256 bytes and <|endoftext|>); the trainer may stop below it")
+    tt.add_argument("--out", required=True, metavar="DIR", help="directory to write; must not exist or be empty")
     sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "
@@ -70,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_plan(argv[1:])
         args = build_parser().parse_args(argv)
         handler = {"train": _cmd_train, "info": _cmd_info, "bench": _cmd_bench,
-                   "opencl-binary": _cmd_opencl_binary}[args.command]
+                   "opencl-binary": _cmd_opencl_binary, "tokenizer": _cmd_tokenizer}[args.command]
         return handler(args)
     except UserError as exc:
         print(f"l2l: error: {exc}", file=sys.stderr)
