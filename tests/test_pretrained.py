@@ -182,3 +182,71 @@ def test_the_planner_counts_a_model_directory(tmp_path):
     stack = build_stack(cfg.model_config(), 0)
     assert [s.params for s in shapes] == [layer.layout.numel for layer in stack.layers]
     assert replace(cfg, init="random").check().init == "random"
+
+
+# ---------------------------------------------------------------- export
+
+def _trained_run(tmp_path, directory, steps: int) -> Path:
+    out = tmp_path / f"run{steps}"
+    r = run_cli("train", "--model", str(directory), "--seq-len", str(SEQ), "--batch-size", "4",
+                "--micro-batches", "2", "--steps", str(steps), "--eval-batches", "1", "--no-plot",
+                "--no-progress", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_export_after_no_steps_is_the_source_bit_for_bit(tmp_path):
+    from safetensors.torch import load_file
+    directory = _write(tmp_path, "llama-gqa", max_shard_size="40KB")
+    run = _trained_run(tmp_path, directory, 0)
+    r = run_cli("export", str(run), "--out", str(tmp_path / "exported"))
+    assert r.returncode == 0, r.stderr
+    source, exported = {}, {}
+    for shard in directory.glob("*.safetensors"):
+        source.update(load_file(shard))
+    for shard in (tmp_path / "exported").glob("*.safetensors"):
+        exported.update(load_file(shard))
+    assert source.keys() == exported.keys()
+    for key, t in source.items():
+        assert t.dtype == exported[key].dtype and torch.equal(t, exported[key]), key
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_export_after_training_gives_l2ls_loss_under_transformers(tmp_path):
+    from l2l.checkpoint import load_latest
+    directory = _write(tmp_path, "qwen3")
+    run = _trained_run(tmp_path, directory, 3)
+    for dtype in ("fp32", "bf16"):
+        r = run_cli("export", str(run), "--out", str(tmp_path / dtype), "--dtype", dtype)
+        assert r.returncode == 0, r.stderr
+    ck = load_latest(run)
+    cfg = _cfg(directory)
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    try:
+        engine.load_state(ck.tensors, ck.meta["engine"])
+        batch = _batch(seed=7)
+        ours = engine.evaluate([batch])
+    finally:
+        engine.close()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "fp32").eval()
+    with torch.no_grad():
+        theirs = float(_hf_loss_sum(hf, batch)) / batch.num_targets
+    assert theirs == pytest.approx(ours, rel=1e-6)
+    half = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert next(half.parameters()).dtype == torch.bfloat16
+
+
+def test_export_refuses_what_it_cannot_write(tmp_path):
+    plain_run = tmp_path / "gpt"
+    r = run_cli("train", "--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "16", "--batch-size", "2",
+                "--micro-batches", "1", "--steps", "1", "--eval-batches", "1", "--no-plot", "--no-progress",
+                "--out", str(plain_run))
+    assert r.returncode == 0, r.stderr
+    for args, needle in ((["export", str(plain_run), "--out", str(tmp_path / "x")], "model directory"),
+                         (["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")], "no checkpoint"),
+                         (["export", str(plain_run), "--out", str(plain_run)], "not an empty directory")):
+        r = run_cli(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "x").exists()

@@ -51,6 +51,13 @@ def _cmd_tokenizer(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from .export import export
+    out = export(args.run, args.out, dtype=args.dtype)
+    print(f"wrote {out} from the latest checkpoint of {args.run} ({args.dtype})")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from .bench import run_bench
     return run_bench(args.what, args.rest)
@@ -73,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--vocab-size", required=True, type=int, metavar="N",
                     help="ids in all, at least 257 (256 bytes and <|endoftext|>); the trainer may stop below it")
     tt.add_argument("--out", required=True, metavar="DIR", help="directory to write; must not exist or be empty")
+    e = sub.add_parser("export", help="write a run's latest checkpoint as a Hugging Face model directory")
+    e.add_argument("run", help="the run directory (l2l train --out)")
+    e.add_argument("--out", required=True, help="the model directory to write (must not exist, or be empty)")
+    e.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: the exported weights' dtype (default fp32)")
     sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             from .planner.command import run_plan  # cannot take a leading --option)
             return run_plan(argv[1:])
         args = build_parser().parse_args(argv)
-        handler = {"train": _cmd_train, "info": _cmd_info, "bench": _cmd_bench,
+        handler = {"train": _cmd_train, "info": _cmd_info, "bench": _cmd_bench, "export": _cmd_export,
                    "opencl-binary": _cmd_opencl_binary, "tokenizer": _cmd_tokenizer}[args.command]
         return handler(args)
     except UserError as exc:

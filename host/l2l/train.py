@@ -199,6 +199,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         bar.close()
         if log is not None:
             log.close()
+    if main and cfg.steps == 0 and saved is None:  # a run of no steps records the model as it starts
+        _save(cfg, out, 0, engine, sampler, stack, initial_val)
 
     if main and cfg.plot and (out / "metrics.jsonl").stat().st_size:
         plot_metrics(out / "metrics.jsonl", out / "metrics.png",

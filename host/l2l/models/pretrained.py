@@ -107,30 +107,46 @@ def build_pretrained(directory: str, init: str) -> LayerStack:
     (layer by layer, when the EPS asks), "random" initialises them (the caller seeds)."""
     if init not in INITS:
         raise UserError(f"unknown --init {init!r}; choose one of {', '.join(INITS)}")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    if init == "random":
+        from transformers import AutoModelForCausalLM
+
+        from .hf import DECODER, cut_model
+        config, stack_config = _configs(directory)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        return cut_model(DECODER, model, stack_config)
+    weights = SafetensorsWeights(directory)
+    stack, keys = checkpoint_keys(directory)
+    for layer, layer_keys in zip(stack.layers, keys):
+        layer.source = _reader(weights, layer.layout, layer_keys)
+    return stack
+
+
+def checkpoint_keys(directory: str) -> tuple[LayerStack, list[list[str]]]:
+    """The directory's model as a layer stack on the meta device (no weights), and per
+    layer the checkpoint's name of each slot of its flat layout, in layout order."""
+    from transformers import AutoModelForCausalLM
 
     from .hf import DECODER, cut_model
-    config_dict = read_config(directory)
-    hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    hf_config._attn_implementation = "sdpa"
-    stack_config = {"directory": str(Path(directory).resolve()), "model_type": config_dict["model_type"],
-                    "config": config_dict}
-    if init == "random":
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=torch.float32)
-        return cut_model(DECODER, model, stack_config)
-
-    weights = SafetensorsWeights(directory)
+    config, stack_config = _configs(directory)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     # the rotary embedding's frequencies are a buffer computed at construction, not a
     # weight: build that small module for real
     model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
     names = {id(p): n for n, p in model.named_parameters()}
     stack = cut_model(DECODER, model, stack_config)
-    for layer in stack.layers:
-        keys = [names[id(layer.module.get_parameter(s.name))] for s in layer.layout.slots]
-        layer.source = _reader(weights, layer.layout, keys)
-    return stack
+    keys = [[names[id(layer.module.get_parameter(s.name))] for s in layer.layout.slots] for layer in stack.layers]
+    return stack, keys
+
+
+def _configs(directory: str):
+    """(the transformers config, the stack's config as checkpoints record it)."""
+    from transformers import AutoConfig
+    config_dict = read_config(directory)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    config._attn_implementation = "sdpa"
+    return config, {"directory": str(Path(directory).resolve()), "model_type": config_dict["model_type"],
+                    "config": config_dict}
 
 
 def _reader(weights: SafetensorsWeights, layout, keys: list[str]):

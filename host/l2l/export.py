@@ -1,0 +1,103 @@
+"""``l2l export RUN_DIR --out DIR``: a run's latest checkpoint as a Hugging Face model directory.
+
+For runs of a model directory (``--model DIR``): the master weights of the latest
+checkpoint, named as the source checkpoint names them, in safetensors shards (with an
+index when there are several) in the chosen dtype, beside the source's config (its
+dtype set to the export's) and its tokenizer and generation files. The checkpoint is
+verified first and then read one layer at a time, one shard in memory at most, and
+the directory is written under a temporary name and renamed into place when complete.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_latest, read_array
+from .config import TrainConfig
+from .errors import UserError
+from .models.pretrained import checkpoint_keys, is_model_dir
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+SHARD_BYTES = 2 << 30
+# what a model directory carries beside its weights and config, copied as it is
+COMPANIONS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+              "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model", "generation_config.json")
+
+
+def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_bytes: int = SHARD_BYTES) -> Path:
+    """Write the run's latest checkpoint to ``out``; returns ``out``."""
+    if dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists and is not an empty directory")
+    ck = load_latest(run_dir, arrays=False)
+    if ck is None:
+        raise UserError(f"{run_dir} holds no checkpoint to export")
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in ck.meta["config"].items() if k in names})
+    if not is_model_dir(cfg.model):
+        raise UserError(f"{run_dir} trained {cfg.model!r}: export writes Hugging Face directories for runs of a "
+                        "model directory (--model DIR), whose config and tensor names it reuses")
+    stack, keys = checkpoint_keys(cfg.model)
+    if json.loads(json.dumps(stack.signature())) != ck.meta.get("signature"):
+        raise UserError(f"{cfg.model} no longer matches the model {run_dir} trained (its config changed)")
+
+    shards = _plan_shards([layer.layout.numel * DTYPES[dtype].itemsize for layer in stack.layers], shard_bytes)
+    tmp = out.with_name(f".{out.name}.export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        files = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+        if len(shards) == 1:
+            files = ["model.safetensors"]
+        weight_map = {}
+        for file, layer_ids in zip(files, shards):
+            tensors = {}
+            for i in layer_ids:
+                flat = torch.from_numpy(read_array(ck, f"layer{i}.p"))
+                for slot, key in zip(stack.layers[i].layout.slots, keys[i]):
+                    part = flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
+                    tensors[key] = part.to(DTYPES[dtype]).contiguous().clone()
+                    weight_map[key] = file
+            from safetensors.torch import save_file
+            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+            del tensors
+        if len(files) > 1:
+            total = sum(layer.layout.numel for layer in stack.layers) * DTYPES[dtype].itemsize
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        source = Path(cfg.model)
+        config = json.loads((source / "config.json").read_text())
+        config["dtype"] = DTYPE_NAMES[dtype]
+        if "torch_dtype" in config:
+            config["torch_dtype"] = DTYPE_NAMES[dtype]
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in COMPANIONS:
+            if (source / name).is_file():
+                shutil.copy2(source / name, tmp / name)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _plan_shards(layer_bytes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive layers per shard, each shard at most ``limit`` bytes (or one layer)."""
+    shards: list[list[int]] = [[]]
+    size = 0
+    for i, n in enumerate(layer_bytes):
+        if shards[-1] and size + n > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(i)
+        size += n
+    return shards
