@@ -250,3 +250,87 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------- tokenizers and data
+
+def _corpus(tmp_path) -> Path:
+    rng = np.random.default_rng(0)
+    words = "the eager param server updates each layer while the relay moves on to the next".split()
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(10):
+        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(words, 300)))
+    return folder
+
+
+def _with_tokenizer(tmp_path) -> tuple[Path, Path]:
+    directory = _write(tmp_path, "llama-gqa")
+    data = _corpus(tmp_path)
+    r = run_cli("tokenizer", "train", "--data", str(data), "--vocab-size", "290", "--out", str(tmp_path / "tok"))
+    assert r.returncode == 0, r.stderr
+    for f in (tmp_path / "tok").iterdir():
+        (directory / f.name).write_bytes(f.read_bytes())
+    return directory, data
+
+
+def test_the_model_directorys_tokenizer_is_used_and_its_tokens_are_cached(tmp_path):
+    directory, data = _with_tokenizer(tmp_path)
+    env = {"L2L_CACHE": str(tmp_path / "cache")}
+    flags = ["--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size", "4",
+             "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot"]
+    runs = []
+    for name in ("first", "second"):
+        r = run_cli("train", *flags, "--out", str(tmp_path / name), env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(r.stdout)
+    assert "tokens of llama-gqa" in runs[0] and "cached" not in runs[0]
+    assert "cached)" in runs[1]
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+              for n in ("first", "second")]
+    assert losses[0] == losses[1]
+    r = run_cli("train", *flags, "--tokenizer", "bytes", "--out", str(tmp_path / "bytes"), env=env)
+    assert r.returncode == 0 and "bytes (train" in r.stdout, r.stderr[-2000:]
+
+
+def test_documents_are_joined_by_the_end_of_text_token(tmp_path):
+    from l2l.data import load_corpus
+    from l2l.tokenizer import load_tokenizer
+    directory, data = _with_tokenizer(tmp_path)
+    tok = load_tokenizer(None, str(directory))
+    corpus = load_corpus(str(data), tokenizer=tok)
+    eos = [int((side == tok.eos_id).sum()) for side in (corpus.train, corpus.val)]
+    assert sum(eos) == corpus.num_files - 2 and corpus.train.dtype == np.int32
+    first = (data / "doc0.txt").read_text()
+    assert tok.decode(corpus.train[:len(tok.encode(first))]) == first or tok.decode(
+        corpus.val[:len(tok.encode(first))]) == first
+
+
+def test_jsonl_text_records_and_what_is_not_supported_yet(tmp_path):
+    directory, _ = _with_tokenizer(tmp_path)
+    env = {"L2L_CACHE": str(tmp_path / "cache")}
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"record {i} " * 40}) + "\n" for i in range(30)))
+    flags = ["--model", str(directory), "--seq-len", str(SEQ), "--batch-size", "4", "--micro-batches", "2",
+             "--steps", "1", "--eval-batches", "1", "--no-plot", "--no-progress"]
+    r = run_cli("train", *flags, "--data", str(good), "--out", str(tmp_path / "ok"), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cases = {"sft.jsonl": ({"prompt": "a", "completion": "b"}, "not supported yet"),
+             "chat.jsonl": ({"messages": [{"role": "user", "content": "hi"}]}, "not supported yet"),
+             "other.jsonl": ({"body": "x"}, "no 'text' field")}
+    for name, (record, needle) in cases.items():
+        (tmp_path / name).write_text(json.dumps(record) + "\n")
+        r = run_cli("train", *flags, "--data", str(tmp_path / name), "--out", str(tmp_path / name[:-6]), env=env)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+        assert not (tmp_path / name[:-6]).exists()
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
+    _, data = _with_tokenizer(tmp_path)  # 290 tokens, more than the built-in GPT's 256 byte embeddings
+    r = run_cli("train", "--model", "gpt", "--tokenizer", str(tmp_path / "tok"), "--data", str(data),
+                "--seq-len", str(SEQ), "--steps", "1", "--out", str(tmp_path / "refused"),
+                env={"L2L_CACHE": str(tmp_path / "cache")})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "more than the model's 256" in lines[0], r.stderr
+    assert not (tmp_path / "refused").exists()

@@ -21,7 +21,7 @@ PLAN_MODES = ("auto", "calibrated", "quick", "off")
 # Settings that define the trajectory of a run: a resume must not change them.
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
-                   "adam_eps", "seed", "data", "schedule_steps", "precision", "overflow",
+                   "adam_eps", "seed", "data", "tokenizer", "schedule_steps", "precision", "overflow",
                    "clip_grad_norm")
 
 
@@ -61,6 +61,7 @@ class TrainConfig:
     clip_grad_norm: float | None = None  # global-norm clipping (needs --overflow strict on l2l)
     seed: int = 0
     data: str | None = None
+    tokenizer: str | None = None  # "bytes", a tokenizer directory, or None: the model directory's, else bytes
     out: str | None = None
     resume: bool = False
     eval_every: int = 100

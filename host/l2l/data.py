@@ -37,17 +37,21 @@ Batches
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.numpy import load_file, save_file
 
-from l2l.errors import UserError
-from l2l.models.config import BYTE_VOCAB, MASK_TOKEN
-from l2l.models.stack import IGNORE_INDEX
+from .errors import UserError
+from .models.config import BYTE_VOCAB, MASK_TOKEN
+from .models.stack import IGNORE_INDEX
+from .tokenizer import Tokenizer
 
 DEFAULT_MAX_BYTES = 32 * 2**20  # 32 MiB; the stdlib corpus fits well inside
 VAL_EVERY = 20                  # 1 in 20 documents go to validation
@@ -55,6 +59,7 @@ VAL_FRACTION = 0.05             # single-document inputs: last 5% of bytes
 SEPARATOR = b"\n"               # joins documents
 BINARY_SNIFF_BYTES = 8192       # a NUL in this prefix marks a file binary
 OBJECTIVES = ("causal", "mlm")
+TOKENIZE_CHUNK = 256            # documents handed to the tokenizer at once
 
 MLM_PICK = 0.15                 # BERT: share of positions predicted
 MLM_MASK = 0.8                  # ... of which replaced by MASK_TOKEN
@@ -83,8 +88,9 @@ class Corpus:
 
 
 def load_corpus(path: str | os.PathLike | None = None,
-                max_bytes: int = DEFAULT_MAX_BYTES) -> Corpus:
-    """Load ``path`` (a file or folder), or the stdlib sources when ``None``.
+                max_bytes: int = DEFAULT_MAX_BYTES, tokenizer: Tokenizer | None = None) -> Corpus:
+    """Load ``path`` (a file, a ``.jsonl`` file, or a folder), or the stdlib sources when ``None``,
+    as bytes or, given a ``tokenizer`` other than bytes, as its token ids (cached on disk).
 
     Raises :class:`UserError` (one line) for a missing, unreadable or empty
     input, or one too small to split.
@@ -109,6 +115,8 @@ def load_corpus(path: str | os.PathLike | None = None,
                               skip_binary=True)
             if not docs:
                 raise UserError(f"no non-empty text files in folder {p}")
+        elif os.path.isfile(p) and p.endswith(".jsonl"):
+            docs = _jsonl_docs(p, max_bytes)
         elif os.path.isfile(p):
             root = os.path.dirname(p) or "."
             docs = _read_docs(root, [os.path.basename(p)], max_bytes,
@@ -118,12 +126,51 @@ def load_corpus(path: str | os.PathLike | None = None,
         else:
             raise UserError(f"data path is neither a file nor a folder: {p}")
 
-    train, val = _split(docs, source)
     total = sum(len(d) for _, d in docs) + len(SEPARATOR) * (len(docs) - 1)
     n = len(docs)
-    description = (f"{source}: {n} file{'s' if n != 1 else ''}, "
-                   f"{total:,} bytes (train {train.size:,}, val {val.size:,})")
+    what = f"{source}: {n} file{'s' if n != 1 else ''}" if not str(source).endswith(".jsonl") else \
+        f"{source}: {n} record{'s' if n != 1 else ''}"
+    if tokenizer is None or tokenizer.fingerprint == "bytes":
+        train, val = _split(docs, source)
+        description = f"{what}, {total:,} bytes (train {train.size:,}, val {val.size:,})"
+        return Corpus(train=train, val=val, description=description, num_files=n)
+    (train, val), cached = _tokenized(docs, source, tokenizer)
+    description = (f"{what}, {total:,} bytes as {train.size + val.size:,} tokens of {tokenizer.name} "
+                   f"(train {train.size:,}, val {val.size:,}{'; cached' if cached else ''})")
     return Corpus(train=train, val=val, description=description, num_files=n)
+
+
+def _jsonl_docs(path: str, max_bytes: int) -> list[tuple[str, bytes]]:
+    """One document per record's ``text`` field, up to ``max_bytes`` of text in all."""
+    docs, budget = [], max_bytes
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
+                text = record.get("text") if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    sft = isinstance(record, dict) and ({"prompt", "completion"} <= record.keys() or "messages" in record)
+                    raise UserError(f"{path}:{number}: " + ("prompt/completion and chat records (supervised "
+                                    "fine-tuning) are not supported yet; give each record a 'text' field"
+                                    if sft else "no 'text' field (a string) in this record"))
+                data = text.encode("utf-8")[:budget]
+                if data:
+                    docs.append((f"{os.path.basename(path)}:{number}", data))
+                    budget -= len(data) + len(SEPARATOR)
+                if budget <= len(SEPARATOR):
+                    break
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 ({e.reason})") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    if not docs:
+        raise UserError(f"{path}: no record with text")
+    return docs
 
 
 def _stdlib_files(root: str) -> list[str]:
@@ -194,14 +241,21 @@ def _path_hash(rel_path: str) -> int:
 def _split(docs: list[tuple[str, bytes]], source: str
            ) -> tuple[np.ndarray, np.ndarray]:
     """Split documents into (train, val) byte arrays; both end up non-empty."""
+    train, val = _split_docs(docs, source)
+    return (np.frombuffer(SEPARATOR.join(train), dtype=np.uint8).copy(),
+            np.frombuffer(SEPARATOR.join(val), dtype=np.uint8).copy())
+
+
+def _split_docs(docs: list[tuple[str, bytes]], source: str) -> tuple[list[bytes], list[bytes]]:
+    """(train documents, validation documents), both non-empty: by a hash of each path,
+    or a single document by bytes (its last :data:`VAL_FRACTION`)."""
     if len(docs) == 1:
         data = docs[0][1]
         if len(data) < 2:
             raise UserError(f"{source} has {len(data)} byte; too small to "
                             "split into train and validation")
         n_val = max(1, int(len(data) * VAL_FRACTION))
-        arr = np.frombuffer(data, dtype=np.uint8)
-        return arr[:-n_val].copy(), arr[-n_val:].copy()
+        return [data[:-n_val]], [data[-n_val:]]
 
     val_mask = [_is_val(rel) for rel, _ in docs]
     # Small folders may hash every file to one side; move the file whose hash
@@ -210,10 +264,48 @@ def _split(docs: list[tuple[str, bytes]], source: str
         val_mask[min(range(len(docs)), key=lambda i: _path_hash(docs[i][0]))] = True
     if all(val_mask):
         val_mask[max(range(len(docs)), key=lambda i: _path_hash(docs[i][0]))] = False
-    train = SEPARATOR.join(d for (_, d), v in zip(docs, val_mask) if not v)
-    val = SEPARATOR.join(d for (_, d), v in zip(docs, val_mask) if v)
-    return (np.frombuffer(train, dtype=np.uint8).copy(),
-            np.frombuffer(val, dtype=np.uint8).copy())
+    return ([d for (_, d), v in zip(docs, val_mask) if not v],
+            [d for (_, d), v in zip(docs, val_mask) if v])
+
+
+def _tokenized(docs: list[tuple[str, bytes]], source: str, tokenizer: Tokenizer
+               ) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
+    """Each side's documents as token ids, joined by the tokenizer's end-of-text token;
+    from the cache when this data and tokenizer were seen before. ((train, val), cached)."""
+    key = hashlib.sha256(f"{tokenizer.fingerprint}/{tokenizer.eos_id}/{len(docs)}".encode())
+    for rel, data in docs:
+        key.update(rel.encode("utf-8", "surrogateescape") + b"\0" + hashlib.sha256(data).digest())
+    cache = token_cache_dir() / f"{key.hexdigest()}.safetensors"
+    if cache.is_file():
+        try:
+            arrays = load_file(cache)
+            return (arrays["train"], arrays["val"]), True
+        except Exception:  # a damaged cache entry is rebuilt, not trusted
+            cache.unlink(missing_ok=True)
+    sides = []
+    sep = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    from tqdm import tqdm
+    for name, side in zip(("train", "val"), _split_docs(docs, source)):
+        ids: list[int] = []
+        for i in tqdm(range(0, len(side), TOKENIZE_CHUNK), desc=f"tokenizing {name}", unit="chunk",
+                      disable=len(side) <= TOKENIZE_CHUNK, leave=False):
+            texts = [d.decode("utf-8", errors="replace") for d in side[i:i + TOKENIZE_CHUNK]]
+            for encoded in tokenizer.encode_batch(texts):
+                ids += (sep if ids else []) + encoded
+        sides.append(np.asarray(ids, dtype=np.int32))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    save_file({"train": sides[0], "val": sides[1]}, tmp)
+    os.replace(tmp, cache)
+    return (sides[0], sides[1]), False
+
+
+def token_cache_dir() -> Path:
+    """Where tokenized data is kept between runs: ``$L2L_CACHE`` or ``$XDG_CACHE_HOME/l2l/tokens``
+    (``~/.cache/l2l/tokens``). Entries are keyed by the data's bytes and the tokenizer."""
+    if os.environ.get("L2L_CACHE"):
+        return Path(os.environ["L2L_CACHE"]) / "tokens"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "l2l" / "tokens"
 
 
 # --------------------------------------------------------------------------
@@ -266,8 +358,8 @@ class BatchSampler:
         if seed < 0:
             raise UserError(f"seed must be non-negative, got {seed}")
         tokens = np.asarray(tokens)
-        if tokens.ndim != 1 or tokens.dtype != np.uint8:
-            raise TypeError(f"tokens must be a 1-D uint8 array, got "
+        if tokens.ndim != 1 or tokens.dtype.kind not in "ui":
+            raise TypeError(f"tokens must be a 1-D integer array (bytes or token ids), got "
                             f"{tokens.dtype} with shape {tokens.shape}")
         self.tokens = tokens
         self.seq_len = int(seq_len)

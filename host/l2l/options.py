@@ -92,7 +92,10 @@ OPTIMIZER = (
     Option("--seed", "seeds the initial weights, the data order and dropout (default %(default)s)", int),
 )
 RUN = (
-    Option("--data", "text file or folder (default: this Python's stdlib sources)"),
+    Option("--data", "text file, folder, or .jsonl with a 'text' field per record (default: this Python's "
+           "stdlib sources)"),
+    Option("--tokenizer", "bytes | a tokenizer directory (default: the --model directory's tokenizer when it has "
+           "one, else bytes)"),
     Option("--out", "run directory (default runs/MODEL-ENGINE)"),
     Option("--resume", "continue the run in --out from its latest checkpoint", action="store_true"),
     Option("--eval-every", "steps between validations (0: at the end only; default %(default)s)", int),

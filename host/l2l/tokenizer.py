@@ -34,6 +34,7 @@ first 8 KiB). The rules are restated here rather than imported so that
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -57,8 +58,11 @@ class Tokenizer(Protocol):
     eos_id: int | None
     name: str
     description: str
+    fingerprint: str  # changes when the tokenizer would encode differently
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -70,10 +74,14 @@ class ByteTokenizer:
     eos_id: int | None = None
     chat_template: str | None = None
     name = "bytes"
+    fingerprint = "bytes"
     description = "bytes: UTF-8 bytes as ids 0..255, no end-of-text token"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Invalid UTF-8 (a model's output may be any bytes) becomes U+FFFD."""
@@ -98,6 +106,8 @@ class HFTokenizer:
         if not os.path.isfile(file):
             raise UserError(f"no tokenizer.json in tokenizer directory {self.path}")
         tokenizers = _tokenizers()
+        with open(file, "rb") as f:  # what identifies it, e.g. for a cache of tokenized data
+            self.fingerprint = hashlib.sha256(f.read()).hexdigest()
         try:
             self.backend = tokenizers.Tokenizer.from_file(file)
         except Exception as e:  # the library raises a bare Exception for any parse error
@@ -119,6 +129,10 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Several texts at once (the library spreads them over the cores)."""
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)

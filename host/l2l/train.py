@@ -26,7 +26,9 @@ from .errors import UserError
 from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
+from .models.pretrained import is_model_dir
 from .planner.forecast import forecast
+from .tokenizer import load_tokenizer
 
 FORMAT = "l2l-train/1"
 
@@ -102,12 +104,16 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     elif ckpt.list_checkpoints(out) or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
-    corpus = load_corpus(cfg.data)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model if is_model_dir(cfg.model) else None)
+    corpus = load_corpus(cfg.data, tokenizer=tokenizer)
     objective = family(cfg.model).objective
     sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed, name="train")
     val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
                                name="val").fixed_batches(cfg.eval_batches)
     stack = build_stack(cfg.model_config(), cfg.seed)
+    if tokenizer.vocab_size > stack.vocab_size:
+        raise UserError(f"the tokenizer ({tokenizer.description}) has {tokenizer.vocab_size:,} tokens, more than "
+                        f"the model's {stack.vocab_size:,} embeddings")
     if saved is not None:
         _check_resumable(cfg, saved.meta, stack, saved.path)
     distributed.barrier()  # every machine has checked the run directory before rank 0 writes to it

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .config import BYTE_VOCAB
 from .stack import LayerStack
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -57,9 +56,6 @@ def read_config(directory: str | Path) -> dict:
     if model_type not in SUPPORTED:
         raise UserError(f"{directory}: model_type {model_type!r} is not supported; supported families: "
                         f"{', '.join(SUPPORTED)}")
-    if config.get("vocab_size", 0) < BYTE_VOCAB:
-        raise UserError(f"{directory}: a vocabulary of {config.get('vocab_size')} tokens cannot take the "
-                        f"{BYTE_VOCAB} byte tokens l2l feeds a model until tokenizers are supported")
     if config.get("tie_word_embeddings", False):
         raise UserError(f"{directory}: tied input and output embeddings (tie_word_embeddings) are not "
                         "supported yet; only untied checkpoints load")
