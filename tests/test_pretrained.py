@@ -65,8 +65,8 @@ def _hf_loss_sum(model, batch: Batch) -> torch.Tensor:
 
 
 def _cfg(directory: Path, **kw) -> TrainConfig:
-    return TrainConfig(model=str(directory), seq_len=SEQ, batch_size=4, micro_batches=4, progress=False,
-                       **kw).check()
+    shape = {"seq_len": SEQ, "batch_size": 4, "micro_batches": 4, **kw}
+    return TrainConfig(model=str(directory), progress=False, **shape).check()
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama-rope-scaled", "mistral", "qwen2", "qwen3"])
@@ -293,9 +293,10 @@ def test_the_model_directorys_tokenizer_is_used_and_its_tokens_are_cached(tmp_pa
     assert r.returncode == 0 and "bytes (train" in r.stdout, r.stderr[-2000:]
 
 
-def test_documents_are_joined_by_the_end_of_text_token(tmp_path):
+def test_documents_are_joined_by_the_end_of_text_token(tmp_path, monkeypatch):
     from l2l.data import load_corpus
     from l2l.tokenizer import load_tokenizer
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
     directory, data = _with_tokenizer(tmp_path)
     tok = load_tokenizer(None, str(directory))
     corpus = load_corpus(str(data), tokenizer=tok)
@@ -306,7 +307,7 @@ def test_documents_are_joined_by_the_end_of_text_token(tmp_path):
         corpus.val[:len(tok.encode(first))]) == first
 
 
-def test_jsonl_text_records_and_what_is_not_supported_yet(tmp_path):
+def test_jsonl_text_records_and_mixed_or_fieldless_records(tmp_path):
     directory, _ = _with_tokenizer(tmp_path)
     env = {"L2L_CACHE": str(tmp_path / "cache")}
     good = tmp_path / "good.jsonl"
@@ -315,11 +316,12 @@ def test_jsonl_text_records_and_what_is_not_supported_yet(tmp_path):
              "--steps", "1", "--eval-batches", "1", "--no-plot", "--no-progress"]
     r = run_cli("train", *flags, "--data", str(good), "--out", str(tmp_path / "ok"), env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    cases = {"sft.jsonl": ({"prompt": "a", "completion": "b"}, "not supported yet"),
-             "chat.jsonl": ({"messages": [{"role": "user", "content": "hi"}]}, "not supported yet"),
-             "other.jsonl": ({"body": "x"}, "no 'text' field")}
-    for name, (record, needle) in cases.items():
-        (tmp_path / name).write_text(json.dumps(record) + "\n")
+    text = {"text": "some words " * 20}
+    cases = {"mixed.jsonl": ([text, {"prompt": "a", "completion": "b"}], "in a file of text records"),
+             "other.jsonl": ([{"body": "x"}], "no 'text' field"),
+             "one.jsonl": ([{"prompt": "a", "completion": "b"}], "need at least 2")}
+    for name, (records, needle) in cases.items():
+        (tmp_path / name).write_text("".join(json.dumps(rec) + "\n" for rec in records))
         r = run_cli("train", *flags, "--data", str(tmp_path / name), "--out", str(tmp_path / name[:-6]), env=env)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
@@ -334,3 +336,73 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "more than the model's 256" in lines[0], r.stderr
     assert not (tmp_path / "refused").exists()
+
+
+# ---------------------------------------------------------------- supervised fine-tuning
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if m.role == 'assistant' %}"
+                 "{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_completion_loss_counts_the_completion_only(tmp_path, monkeypatch):
+    from l2l.sft import ExampleSampler, load_examples
+    from l2l.tokenizer import load_tokenizer
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
+    directory, _ = _with_tokenizer(tmp_path)
+    data = tmp_path / "sft.jsonl"
+    prompt, completion = "the relay moves on to the next", " layer while the server updates"
+    data.write_text("".join(json.dumps({"prompt": prompt, "completion": completion}) + "\n" for _ in range(24)))
+    tok = load_tokenizer(None, str(directory))
+    examples = load_examples(str(data), tok)
+    batch = ExampleSampler(examples.train, SEQ * 4, 2, pad_id=tok.eos_id).batch(0)
+    # by hand: the full sequence through Hugging Face, cross-entropy on the completion's tokens only
+    head, tail = tok.encode(prompt), tok.encode(completion) + [tok.eos_id]
+    full = torch.tensor([head + tail])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        logits = hf(full[:, :-1]).logits[0]
+    picked = torch.arange(len(head) - 1, len(full[0]) - 1)  # positions whose next token is the completion's
+    by_hand = float(torch.nn.functional.cross_entropy(logits[picked], full[0, picked + 1]))
+    assert batch.num_targets == 2 * len(tail)
+    cfg = _cfg(directory, seq_len=SEQ * 4, batch_size=2, micro_batches=2)
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    try:
+        assert engine.evaluate([batch]) == pytest.approx(by_hand, rel=1e-5)
+    finally:
+        engine.close()
+    r = run_cli("train", "--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size", "4",
+                "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot", "--no-progress",
+                "--out", str(tmp_path / "run"), env={"L2L_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_chat_records_learn_the_assistant_turns_through_the_template(tmp_path, monkeypatch):
+    from l2l.sft import load_examples
+    from l2l.tokenizer import load_tokenizer
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
+    directory, _ = _with_tokenizer(tmp_path)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    data = tmp_path / "chat.jsonl"
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the relay"},
+            {"role": "assistant", "content": "moves on"}, {"role": "user", "content": "and the server"},
+            {"role": "assistant", "content": "updates the layer"}]
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(24)))
+    tok = load_tokenizer(None, str(directory))
+    examples = load_examples(str(data), tok)
+    ids, mask = examples.train.example(0)
+    learned = tok.decode(ids[mask == 1])
+    assert learned == "moves on<|endoftext|>\nupdates the layer<|endoftext|>\n"
+    assert tok.decode(ids) == "".join(f"<|{m['role']}|>{m['content']}" + ("<|endoftext|>" if m["role"] ==
+                                      "assistant" else "") + "\n" for m in chat)
+    env = {"L2L_CACHE": str(tmp_path / "cache")}
+    r = run_cli("train", "--model", str(directory), "--data", str(data), "--seq-len", str(SEQ * 4),
+                "--batch-size", "4", "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot",
+                "--no-progress", "--out", str(tmp_path / "run"), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # bytes have no chat template: one line
+    r = run_cli("train", "--model", str(directory), "--tokenizer", "bytes", "--data", str(data), "--steps", "1",
+                "--out", str(tmp_path / "bytes"), env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "chat template" in lines[0], r.stderr

@@ -155,8 +155,8 @@ def _jsonl_docs(path: str, max_bytes: int) -> list[tuple[str, bytes]]:
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     sft = isinstance(record, dict) and ({"prompt", "completion"} <= record.keys() or "messages" in record)
-                    raise UserError(f"{path}:{number}: " + ("prompt/completion and chat records (supervised "
-                                    "fine-tuning) are not supported yet; give each record a 'text' field"
+                    raise UserError(f"{path}:{number}: " + ("a prompt/completion or chat record in a file of text "
+                                    "records (the first record decides how a .jsonl file is read)"
                                     if sft else "no 'text' field (a string) in this record"))
                 data = text.encode("utf-8")[:budget]
                 if data:
@@ -228,7 +228,7 @@ def _read_docs(root: str, rel_paths: list[str], max_bytes: int,
     return docs
 
 
-def _is_val(rel_path: str) -> bool:
+def is_val_document(rel_path: str) -> bool:
     """Stable per-document split: depends only on the path's own bytes."""
     return _path_hash(rel_path) % VAL_EVERY == 0
 
@@ -257,7 +257,7 @@ def _split_docs(docs: list[tuple[str, bytes]], source: str) -> tuple[list[bytes]
         n_val = max(1, int(len(data) * VAL_FRACTION))
         return [data[:-n_val]], [data[-n_val:]]
 
-    val_mask = [_is_val(rel) for rel, _ in docs]
+    val_mask = [is_val_document(rel) for rel, _ in docs]
     # Small folders may hash every file to one side; move the file whose hash
     # is most extreme so the fix-up is still deterministic.
     if not any(val_mask):

@@ -28,6 +28,7 @@ from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
 from .models.pretrained import is_model_dir
 from .planner.forecast import forecast
+from .sft import ExampleSampler, is_sft_data, load_examples
 from .tokenizer import load_tokenizer
 
 FORMAT = "l2l-train/1"
@@ -105,11 +106,20 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
         raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model if is_model_dir(cfg.model) else None)
-    corpus = load_corpus(cfg.data, tokenizer=tokenizer)
     objective = family(cfg.model).objective
-    sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed, name="train")
-    val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
-                               name="val").fixed_batches(cfg.eval_batches)
+    if is_sft_data(cfg.data):  # prompt/completion or chat examples: the loss on the answers only
+        if objective != "causal":
+            raise UserError(f"{cfg.data}: prompt/completion and chat examples train a causal model, not {cfg.model}")
+        corpus = load_examples(cfg.data, tokenizer)
+        pad = tokenizer.eos_id or 0
+        sampler = ExampleSampler(corpus.train, cfg.seq_len, cfg.batch_size, seed=cfg.seed, pad_id=pad, name="train")
+        val_batches = ExampleSampler(corpus.val, cfg.seq_len, cfg.batch_size, seed=cfg.seed, pad_id=pad,
+                                     name="val").fixed_batches(cfg.eval_batches)
+    else:
+        corpus = load_corpus(cfg.data, tokenizer=tokenizer)
+        sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed, name="train")
+        val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
+                                   name="val").fixed_batches(cfg.eval_batches)
     stack = build_stack(cfg.model_config(), cfg.seed)
     if tokenizer.vocab_size > stack.vocab_size:
         raise UserError(f"the tokenizer ({tokenizer.description}) has {tokenizer.vocab_size:,} tokens, more than "
