@@ -67,3 +67,19 @@ def worker_devices(device: torch.device, count: int) -> list[torch.device]:
     if first + count > torch.cuda.device_count():
         raise UserError(f"--devices {count}: only {torch.cuda.device_count() - first} CUDA device(s) visible")
     return [torch.device("cuda", first + i) for i in range(count)]
+
+
+def relay(stack: LayerStack, *, lr: float = 3e-3, weight_decay: float = 0.01, betas: tuple[float, float] = (0.9, 0.99),
+          adam_eps: float = 1e-8, micro_batches: int = 4, device: str | torch.device = "cpu", eps: str = "numpy",
+          stash: str = "device", precision: str = "fp32", seed: int = 0) -> RelayEngine:
+    """A relay engine for a stack of your own (the public API's entry point): the EPS with
+    ``eps``'s backend holds the fp32 masters and runs AdamW; the relay runs each layer over
+    ``micro_batches`` micro-batches on ``device``. Bad values get one-line :class:`UserError`\\ s."""
+    cfg = TrainConfig(lr=lr, weight_decay=weight_decay, beta1=betas[0], beta2=betas[1], adam_eps=adam_eps,
+                      micro_batches=micro_batches, device=str(device), eps=eps, stash=stash, precision=precision,
+                      seed=seed, batch_size=micro_batches, progress=False).check()
+    device = resolve_device(cfg.device)
+    server = EagerParamServer(make_backend(cfg.eps), hyper_of(cfg), copy_dtype=precision, grad_dtype=precision,
+                              host_alloc=make_transport(device).host_alloc)
+    return RelayEngine(stack, server, device, micro_batches=micro_batches, stash=stash, seed=seed,
+                       precision=precision)
