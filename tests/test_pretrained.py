@@ -406,3 +406,18 @@ def test_chat_records_learn_the_assistant_turns_through_the_template(tmp_path, m
                 "--out", str(tmp_path / "bytes"), env=env)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "chat template" in lines[0], r.stderr
+
+
+def test_examples_whose_answer_is_beyond_the_window_are_not_drawn():
+    from l2l.errors import UserError
+    from l2l.sft import ExampleSampler, TokenizedExamples
+    # example 0: answer at token 5; example 1: answer at token 2
+    ids = np.arange(14, dtype=np.int32)
+    mask = np.array([0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1], np.uint8)
+    examples = TokenizedExamples(ids, mask, np.array([0, 7, 14]))
+    sampler = ExampleSampler(examples, seq_len=3, batch_size=8)
+    assert sampler.usable.tolist() == [1]
+    batch = sampler.batch(0)
+    assert (batch.inputs[:, 0] == 7).all() and batch.targets[0].tolist() == [-100, 9, 10]
+    with pytest.raises(UserError, match="raise --seq-len"):
+        ExampleSampler(TokenizedExamples(ids[:7], mask[:7], np.array([0, 7])), seq_len=3, batch_size=2)

@@ -21,10 +21,13 @@ What happens to each example:
   ``--resume`` line, which first runs the README's earlier lines with the same
   ``--out`` in the same ``tmp_path``, asserting exit 0 for them too, so that
   there is a run to resume; those earlier lines are not run a second time on
-  their own); ``l2l plan`` and each
+  their own; an ``l2l export RUN`` line likewise first runs the lines that train
+  RUN); ``l2l plan`` and each
   ``l2l bench X`` their own flags (``PLAN_SHRINK``, ``BENCH_SHRINK``). Any
   ``--out`` is redirected into ``tmp_path``: README lines naming the same
   ``--out`` share one directory.
+- a path ``./my-...`` stands for the user's own file (a checkpoint, data): the
+  test makes a small one in ``tmp_path`` (``USER_FILES``) and passes its path.
 - every other line must be in ``NOT_RUN``, keyed by the exact line, with the
   reason it cannot run here and where it is exercised instead.
 
@@ -35,6 +38,7 @@ docs/results.md are full-size runs and are not checked here.
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -123,7 +127,7 @@ def test_every_example_is_run_or_listed():
             what = words[2] if len(words) > 2 and not words[2].startswith("-") else "relay"
             assert what in BENCH_SHRINK, f"no shrink flags for `l2l bench {what}` (README line: {line})"
         else:
-            assert words[1] in ("train", "plan", "info", "opencl-binary"), \
+            assert words[1] in ("train", "plan", "info", "opencl-binary", "export"), \
                 f"no shrink rule for `l2l {words[1]}` (README line: {line})"
 
 
@@ -147,12 +151,61 @@ def _value(words: list[str], option: str) -> str | None:
     return found
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if m.role == 'assistant' %}"
+                 "{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _my_chats(path: Path) -> None:
+    turns = [("relay?", "one layer"), ("weights?", "the EPS")]
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
+                                                                                       "content": a}]}) + "\n"
+                            for _ in range(12) for q, a in turns))
+
+
+def _my_llama(path: Path) -> None:
+    """A tiny Llama checkpoint with its own BPE tokenizer and a chat template, as a user would have one."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from l2l.tokenizer import train_bpe
+    corpus = path.parent / "my-llama-corpus.txt"
+    corpus.write_text("the relay holds one layer at a time while the EPS updates the weights\n" * 50)
+    train_bpe([str(corpus)], 290, path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                 tie_word_embeddings=False)).save_pretrained(path)
+
+
+# Files a README line names as the user's own (``./my-...``): the test makes small ones.
+USER_FILES = {"./my-llama": _my_llama, "./my-chats.jsonl": _my_chats}
+
+
+def _user_files(words: list[str], tmp: Path) -> list[str]:
+    out = []
+    for w in words:
+        if w in USER_FILES:
+            target = tmp / w[2:]
+            if not target.exists():
+                USER_FILES[w](target)
+            w = str(target)
+        out.append(w)
+    return out
+
+
+def _out_dir(tmp: Path, out: str) -> str:
+    return str(tmp / re.sub(r"\W+", "-", out).strip("-"))
+
+
 def _command(line: str, tmp: Path) -> list[str]:
     """The README line's arguments with the small-size flags and a tmp --out appended."""
-    words = shlex.split(line)[1:]
+    words = _user_files(shlex.split(line)[1:], tmp)
     sub = words[0]
     out = _value(words, "--out")
-    out_dir = str(tmp / re.sub(r"\W+", "-", out or f"{sub}-{abs(hash(line))}").strip("-"))
+    out_dir = _out_dir(tmp, out or f"{sub}-{abs(hash(line))}")
     if sub == "train":
         extra = TRAIN_SHRINK + (RESUME_STEPS if "--resume" in words else []) + ["--out", out_dir]
     elif sub == "plan":
@@ -162,26 +215,36 @@ def _command(line: str, tmp: Path) -> list[str]:
         extra = BENCH_SHRINK[what] + ["--out", out_dir]
     elif sub == "opencl-binary":
         extra = ["--out", str(tmp / "eps.bin")]
+    elif sub == "export":  # the run an earlier line trained, into a fresh directory
+        words[1] = _out_dir(tmp, words[1])
+        extra = ["--out", str(tmp / "exported")]
     else:  # info
         extra = []
     return words + extra
 
 
+def _follows(line: str) -> bool:
+    """A line that continues an earlier line's run: a --resume, or an export of it."""
+    words = shlex.split(line)
+    return "--resume" in words or words[1] == "export"
+
+
 def _earlier_runs(line: str) -> list[str]:
-    """For a --resume line: the README's earlier non-resume lines with the same --out."""
-    out = _value(shlex.split(line), "--out")
+    """For a line that continues a run: the README's earlier lines that made that run (same --out)."""
+    words = shlex.split(line)
+    run = words[2] if words[1] == "export" else _value(words, "--out")
     before = RUN[:RUN.index(line)]
-    return [b for b in before if "--resume" not in shlex.split(b) and _value(shlex.split(b), "--out") == out]
+    return [b for b in before if not _follows(b) and _value(shlex.split(b), "--out") == run]
 
 
-RESUMED = {first for line in RUN if "--resume" in shlex.split(line) for first in _earlier_runs(line)}
+RESUMED = {first for line in RUN if _follows(line) for first in _earlier_runs(line)}
 
 
 @pytest.mark.parametrize("line", [line for line in RUN if line not in RESUMED])
 def test_example_runs(line, tmp_path):
-    if "--resume" in shlex.split(line):
+    if _follows(line):
         earlier = _earlier_runs(line)
-        assert earlier, f"README resumes {line!r} but has no earlier line with the same --out"
+        assert earlier, f"README continues {line!r} but has no earlier line with the same --out"
         for first in earlier:
             r = run_cli(*_command(first, tmp_path))
             assert r.returncode == 0, f"{first}\n{r.stderr[-3000:]}"

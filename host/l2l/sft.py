@@ -219,15 +219,22 @@ class ExampleSampler:
 
     Row r of a batch is one example: inputs its first ``seq_len`` tokens, targets the
     next token where the mask says the loss counts it and ``IGNORE_INDEX`` elsewhere
-    (and in the padding, whose inputs are ``pad_id``).
+    (and in the padding, whose inputs are ``pad_id``). Examples whose answer starts
+    beyond the window are never drawn (one line when no example is left).
     """
 
     def __init__(self, examples: TokenizedExamples, seq_len: int, batch_size: int, seed: int = 0, *,
                  pad_id: int = 0, name: str = "data") -> None:
         if len(examples) == 0:
             raise UserError(f"the {name} split has no examples")
-        if not examples.mask.any():
-            raise UserError(f"the {name} split has no answer tokens to learn")
+        # an example whose answer starts after the first seq_len + 1 tokens has nothing to learn here
+        usable = [i for i in range(len(examples))
+                  if examples.mask[examples.offsets[i] + 1:min(examples.offsets[i] + seq_len + 1,
+                                                              examples.offsets[i + 1])].any()]
+        if not usable:
+            raise UserError(f"no example of the {name} split has an answer within its first {seq_len + 1} tokens; "
+                            "raise --seq-len")
+        self.usable = np.asarray(usable, np.int64)
         self.examples = examples
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
@@ -257,7 +264,7 @@ class ExampleSampler:
         t = self.seq_len
         inputs = np.full((self.batch_size, t), self.pad_id, np.int64)
         targets = np.full((self.batch_size, t), IGNORE_INDEX, np.int64)
-        for row, i in enumerate(rng.integers(0, len(self.examples), size=self.batch_size)):
+        for row, i in enumerate(self.usable[rng.integers(0, len(self.usable), size=self.batch_size)]):
             ids, mask = self.examples.example(int(i))
             ids, mask = ids[:t + 1], mask[:t + 1]
             n = len(ids) - 1
