@@ -182,6 +182,10 @@ def test_the_planner_counts_a_model_directory(tmp_path):
     stack = build_stack(cfg.model_config(), 0)
     assert [s.params for s in shapes] == [layer.layout.numel for layer in stack.layers]
     assert replace(cfg, init="random").check().init == "random"
+    from l2l.planner import Rates, predict
+    p = predict(cfg, Rates(flops_per_s=1e11))  # the directory's shape, not the shape options' defaults
+    assert (p.config["layers"], p.config["d_model"], p.config["heads"]) == (2, 64, 4)
+    assert p.params == stack.num_params
 
 
 # ---------------------------------------------------------------- export

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..config import TrainConfig
 from ..errors import UserError
-from .shapes import EPS_STATE_BYTES, LayerShape, dtype_bytes_of, layer_shapes
+from .shapes import EPS_STATE_BYTES, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
 # ---------------------------------------------------------------- rates
 
@@ -333,6 +333,7 @@ def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: in
 
 def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -> Prediction:
     """Predict one steady-state relay step of ``cfg`` on a machine with ``rates``."""
+    cfg = with_model_shape(cfg)
     if cfg.batch_size % cfg.micro_batches:
         raise UserError(f"--micro-batches {cfg.micro_batches} does not divide --batch-size {cfg.batch_size}")
     db = dtype_bytes_of(cfg, dtype_bytes)

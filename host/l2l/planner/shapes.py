@@ -6,7 +6,7 @@ stack by the tests); any other family is built on the meta device and counted
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -66,6 +66,16 @@ def gpt_layer_shapes(layers: int, d_model: int, seq_len: int, vocab: int = 256) 
     shapes += [LayerShape(f"block.{i}", "block", 12 * d * d + 13 * d, 12 * d * d, True, 4 * d * d) for i in range(layers)]
     shapes.append(LayerShape("post", "post", d * vocab + 2 * d, d * vocab, False))
     return shapes
+
+
+def with_model_shape(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the shape a model directory's config gives (its depth, width and heads
+    rule over the shape options, which only describe the built-in models)."""
+    from ..models.pretrained import is_model_dir, read_config
+    if not is_model_dir(cfg.model):
+        return cfg
+    c = read_config(cfg.model)
+    return replace(cfg, layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"])
 
 
 def layer_shapes(cfg: TrainConfig) -> list[LayerShape]:
