@@ -55,3 +55,23 @@ def test_bench_suite_quick_writes_headline_and_tables(tmp_path):
     assert "old figures" not in regenerated and "kept\n" in regenerated and "also kept" in regenerated
     section = regenerated.split("<!-- l2l bench suite: begin -->")[1].split("<!-- l2l bench suite: end -->")[0]
     assert "OpenCL EPS vs torch fused AdamW" in section and "#### (c) device memory" in section
+
+
+def test_bench_load_small(tmp_path):
+    """`l2l bench load` on a tiny Llama: a checkpoint generated, loaded in a fresh process,
+    two steps trained; the resident-set figures are there and consistent."""
+    out = tmp_path / "out"
+    r = run_cli("bench", "load", "--params", "2e6", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out),
+                timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file() and (tmp_path / "ckpt" / "config.json").is_file()
+    result = json.loads((out / "bench_load.json").read_text())
+    m, c = result["measure"], result["config"]
+    assert abs(c["params"] - 2e6) < 0.1 * 2e6 and m["params"] == c["params"]
+    assert m["eps_state_bytes"] == m["params"] * 16  # fp32: p, m, v and the device copy
+    assert 0 < m["rss_start"] <= m["rss_before"] <= m["peak_load"]
+    assert m["rss_after_load"] <= m["peak_load"] and m["peak_train"] > 0
+    assert len(m["step_s"]) == 2 and all(t > 0 for t in m["step_s"])
+    assert result["load_above_baseline"] == m["peak_load"] - m["rss_before"]
+    assert result["aim_met"] == (result["load_above_baseline"] <= m["eps_state_bytes"] + (1 << 30))
+    assert "peak during load - baseline" in (out / "bench_load.md").read_text()

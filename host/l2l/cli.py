@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "
                                      "memory (device memory vs depth and M), workers (1, 2, 4 relay workers on one EPS), "
-                                     "suite (eps, relay and memory, with headline figures)")
-    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps | memory | workers | suite")
+                                     "load (host memory of loading a checkpoint), suite (eps, relay and memory, with headline figures)")
+    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps | memory | workers | load | suite")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see `l2l bench relay --help`)")
     return parser
 

@@ -148,11 +148,14 @@ def _configs(directory: str):
 def _reader(weights: SafetensorsWeights, layout, keys: list[str]):
     def read() -> np.ndarray:
         flat = np.empty(layout.numel, np.float32)
+        into = torch.from_numpy(flat)
         for slot, key in zip(layout.slots, keys):
             t = weights.read(key)
             if tuple(t.shape) != slot.shape:
                 raise UserError(f"{weights.root}: tensor {key!r} has shape {tuple(t.shape)}, the config says "
                                 f"{slot.shape}")
-            flat[slot.offset:slot.offset + slot.numel] = t.reshape(-1).to(torch.float32).numpy()
+            # converted as it is copied: no fp32 temporary of a bf16/fp16 tensor
+            into[slot.offset:slot.offset + slot.numel].copy_(t.reshape(-1))
+            del t
         return flat
     return read
