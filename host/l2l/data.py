@@ -340,12 +340,54 @@ class Batch:
                      self.targets.to(device, non_blocking=non_blocking))
 
 
-class BatchSampler:
-    """Random windows of a byte array, batch ``s`` a pure function of ``(seed, s)``.
+class StepSampler:
+    """Batch ``s`` a pure function of ``(seed, s)``: what every sampler shares.
 
     Pure per-step batches make resuming exact (only ``next_step`` has to be
-    saved) and let any step be replayed for debugging.
+    saved) and let any step be replayed for debugging. Validation batches come
+    from a stream of their own. A sampler supplies :meth:`_make`.
     """
+
+    train_stream = _TRAIN_STREAM
+    val_stream = _VAL_STREAM
+    seed: int
+    next_step: int
+
+    def batch(self, step: int) -> Batch:
+        """The training batch of ``step``; same answer every call."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        return self._make(np.random.default_rng([self.train_stream, self.seed, int(step)]))
+
+    def next(self) -> Batch:
+        """The batch of ``next_step``, then advance it."""
+        b = self.batch(self.next_step)
+        self.next_step += 1
+        return b
+
+    __next__ = next
+
+    def __iter__(self):
+        return self
+
+    def state_dict(self) -> dict:
+        """JSON-able data position for a checkpoint."""
+        return {"seed": self.seed, "next_step": self.next_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self.next_step = int(state["next_step"])
+
+    def fixed_batches(self, n_batches: int) -> list[Batch]:
+        """The same ``n_batches`` batches on every call, apart from training steps."""
+        return [self._make(np.random.default_rng([self.val_stream, self.seed, i])) for i in range(n_batches)]
+
+    def _make(self, rng: np.random.Generator) -> Batch:
+        raise NotImplementedError
+
+
+class BatchSampler(StepSampler):
+    """Random windows of a token array (bytes or token ids); see :class:`StepSampler`."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int,
                  objective: str = "causal", seed: int = 0, *, name: str = "data"):
@@ -375,40 +417,6 @@ class BatchSampler:
                 f"sequence of seq_len {seq_len} needs {self.window}; "
                 "use a shorter seq_len or more data")
         self._offsets = np.arange(self.window)
-
-    # -- training stream ---------------------------------------------------
-
-    def batch(self, step: int) -> Batch:
-        """The training batch of ``step``; same answer every call."""
-        if step < 0:
-            raise ValueError(f"step must be non-negative, got {step}")
-        return self._make(np.random.default_rng([_TRAIN_STREAM, self.seed, int(step)]))
-
-    def next(self) -> Batch:
-        """The batch of ``next_step``, then advance it."""
-        b = self.batch(self.next_step)
-        self.next_step += 1
-        return b
-
-    __next__ = next
-
-    def __iter__(self):
-        return self
-
-    def state_dict(self) -> dict:
-        """JSON-able data position for a checkpoint."""
-        return {"seed": self.seed, "next_step": self.next_step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.seed = int(state["seed"])
-        self.next_step = int(state["next_step"])
-
-    # -- evaluation --------------------------------------------------------
-
-    def fixed_batches(self, n_batches: int) -> list[Batch]:
-        """The same ``n_batches`` batches on every call, apart from training steps."""
-        return [self._make(np.random.default_rng([_VAL_STREAM, self.seed, i]))
-                for i in range(n_batches)]
 
     # -- internals -----------------------------------------------------------
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
-from .data import Batch, is_val_document, token_cache_dir
+from .data import Batch, StepSampler, is_val_document, token_cache_dir
 from .errors import UserError
 from .models.stack import IGNORE_INDEX
 from .tokenizer import Tokenizer
@@ -214,14 +214,17 @@ def _pack(examples: list[tuple[list[int], list[int]]]) -> TokenizedExamples:
     return TokenizedExamples(ids, mask, offsets)
 
 
-class ExampleSampler:
-    """Batches of whole examples, drawn at random; the same interface as :class:`l2l.data.BatchSampler`.
+class ExampleSampler(StepSampler):
+    """Batches of whole examples, drawn at random (the step bookkeeping of :class:`l2l.data.StepSampler`).
 
     Row r of a batch is one example: inputs its first ``seq_len`` tokens, targets the
     next token where the mask says the loss counts it and ``IGNORE_INDEX`` elsewhere
     (and in the padding, whose inputs are ``pad_id``). Examples whose answer starts
     beyond the window are never drawn (one line when no example is left).
     """
+
+    train_stream = _TRAIN_STREAM
+    val_stream = _VAL_STREAM
 
     def __init__(self, examples: TokenizedExamples, seq_len: int, batch_size: int, seed: int = 0, *,
                  pad_id: int = 0, name: str = "data") -> None:
@@ -241,24 +244,6 @@ class ExampleSampler:
         self.seed = int(seed)
         self.pad_id = int(pad_id)
         self.next_step = 0
-
-    def batch(self, step: int) -> Batch:
-        return self._make(np.random.default_rng([_TRAIN_STREAM, self.seed, int(step)]))
-
-    def next(self) -> Batch:
-        b = self.batch(self.next_step)
-        self.next_step += 1
-        return b
-
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "next_step": self.next_step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.seed = int(state["seed"])
-        self.next_step = int(state["next_step"])
-
-    def fixed_batches(self, n_batches: int) -> list[Batch]:
-        return [self._make(np.random.default_rng([_VAL_STREAM, self.seed, i])) for i in range(n_batches)]
 
     def _make(self, rng: np.random.Generator) -> Batch:
         t = self.seq_len
