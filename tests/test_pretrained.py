@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from l2l.build import build_engine
 from l2l.config import TrainConfig
@@ -20,7 +21,6 @@ from l2l.models import build_stack
 
 from conftest import CPU, run_cli
 
-transformers = pytest.importorskip("transformers")
 
 VOCAB, SEQ = 300, 16
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -80,7 +80,7 @@ def test_byte_tokenizer_round_trips_any_text():
 
 def test_trained_tokenizer_writes_a_directory_transformers_loads(trained):
     out, stdout = trained
-    transformers = pytest.importorskip("transformers")
+    import transformers
     assert sorted(p.name for p in out.iterdir()) == ["special_tokens_map.json", "tokenizer.json",
                                                      "tokenizer_config.json"]
     config = json.loads((out / "tokenizer_config.json").read_text())
@@ -131,7 +131,7 @@ def test_load_tokenizer_picks_the_model_directory_tokenizer(trained, tmp_path):
 
 def test_a_directory_transformers_saved_loads_with_its_chat_template(trained, tmp_path):
     out, _ = trained
-    transformers = pytest.importorskip("transformers")
+    import transformers
     template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
     backend = load_tokenizer(str(out)).backend
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN)
