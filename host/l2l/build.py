@@ -78,8 +78,4 @@ def relay(stack: LayerStack, *, lr: float = 3e-3, weight_decay: float = 0.01, be
     cfg = TrainConfig(lr=lr, weight_decay=weight_decay, beta1=betas[0], beta2=betas[1], adam_eps=adam_eps,
                       micro_batches=micro_batches, device=str(device), eps=eps, stash=stash, precision=precision,
                       seed=seed, batch_size=micro_batches, progress=False).check()
-    device = resolve_device(cfg.device)
-    server = EagerParamServer(make_backend(cfg.eps), hyper_of(cfg), copy_dtype=precision, grad_dtype=precision,
-                              host_alloc=make_transport(device).host_alloc)
-    return RelayEngine(stack, server, device, micro_batches=micro_batches, stash=stash, seed=seed,
-                       precision=precision)
+    return build_engine(cfg, stack, resolve_device(cfg.device))

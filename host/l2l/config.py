@@ -6,7 +6,7 @@ A :class:`TrainConfig` is what the CLI parses and what a checkpoint records;
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from .errors import UserError
 from .models import ModelConfig, family
@@ -92,6 +92,12 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """The config of a dict with these fields and maybe others (parsed options, a checkpoint's record)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
     def trajectory(self) -> dict:
         d = self.to_dict()

@@ -43,6 +43,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -143,34 +144,40 @@ def load_corpus(path: str | os.PathLike | None = None,
 def _jsonl_docs(path: str, max_bytes: int) -> list[tuple[str, bytes]]:
     """One document per record's ``text`` field, up to ``max_bytes`` of text in all."""
     docs, budget = [], max_bytes
+    for number, record in jsonl_records(path):
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            sft = isinstance(record, dict) and ({"prompt", "completion"} <= record.keys() or "messages" in record)
+            raise UserError(f"{path}:{number}: " + ("a prompt/completion or chat record in a file of text "
+                            "records (the first record decides how a .jsonl file is read)"
+                            if sft else "no 'text' field (a string) in this record"))
+        data = text.encode("utf-8")[:budget]
+        if data:
+            docs.append((f"{os.path.basename(path)}:{number}", data))
+            budget -= len(data) + len(SEPARATOR)
+        if budget <= len(SEPARATOR):
+            break
+    if not docs:
+        raise UserError(f"{path}: no record with text")
+    return docs
+
+
+def jsonl_records(path: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed record) of each non-blank line of a ``.jsonl`` file; what cannot
+    be read or parsed is one line naming the file (and the line)."""
     try:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
-                text = record.get("text") if isinstance(record, dict) else None
-                if not isinstance(text, str):
-                    sft = isinstance(record, dict) and ({"prompt", "completion"} <= record.keys() or "messages" in record)
-                    raise UserError(f"{path}:{number}: " + ("a prompt/completion or chat record in a file of text "
-                                    "records (the first record decides how a .jsonl file is read)"
-                                    if sft else "no 'text' field (a string) in this record"))
-                data = text.encode("utf-8")[:budget]
-                if data:
-                    docs.append((f"{os.path.basename(path)}:{number}", data))
-                    budget -= len(data) + len(SEPARATOR)
-                if budget <= len(SEPARATOR):
-                    break
+                if line.strip():
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
+                    yield number, record
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 ({e.reason})") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
-    if not docs:
-        raise UserError(f"{path}: no record with text")
-    return docs
 
 
 def _stdlib_files(root: str) -> list[str]:
@@ -275,29 +282,38 @@ def _tokenized(docs: list[tuple[str, bytes]], source: str, tokenizer: Tokenizer
     key = hashlib.sha256(f"{tokenizer.fingerprint}/{tokenizer.eos_id}/{len(docs)}".encode())
     for rel, data in docs:
         key.update(rel.encode("utf-8", "surrogateescape") + b"\0" + hashlib.sha256(data).digest())
-    cache = token_cache_dir() / f"{key.hexdigest()}.safetensors"
+    def tokenize() -> dict[str, np.ndarray]:
+        sides = {}
+        sep = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+        from tqdm import tqdm
+        for name, side in zip(("train", "val"), _split_docs(docs, source)):
+            ids: list[int] = []
+            for i in tqdm(range(0, len(side), TOKENIZE_CHUNK), desc=f"tokenizing {name}", unit="chunk",
+                          disable=len(side) <= TOKENIZE_CHUNK, leave=False):
+                texts = [d.decode("utf-8", errors="replace") for d in side[i:i + TOKENIZE_CHUNK]]
+                for encoded in tokenizer.encode_batch(texts):
+                    ids += (sep if ids else []) + encoded
+            sides[name] = np.asarray(ids, dtype=np.int32)
+        return sides
+    arrays, cached = cached_arrays(key.hexdigest(), tokenize)
+    return (arrays["train"], arrays["val"]), cached
+
+
+def cached_arrays(key: str, make: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], bool]:
+    """The arrays cached under ``key`` in :func:`token_cache_dir`, else ``make()``'s, cached
+    (written atomically; a damaged entry is made again, not trusted). (arrays, were cached)."""
+    cache = token_cache_dir() / f"{key}.safetensors"
     if cache.is_file():
         try:
-            arrays = load_file(cache)
-            return (arrays["train"], arrays["val"]), True
-        except Exception:  # a damaged cache entry is rebuilt, not trusted
+            return load_file(cache), True
+        except Exception:  # safetensors raises its own error types
             cache.unlink(missing_ok=True)
-    sides = []
-    sep = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-    from tqdm import tqdm
-    for name, side in zip(("train", "val"), _split_docs(docs, source)):
-        ids: list[int] = []
-        for i in tqdm(range(0, len(side), TOKENIZE_CHUNK), desc=f"tokenizing {name}", unit="chunk",
-                      disable=len(side) <= TOKENIZE_CHUNK, leave=False):
-            texts = [d.decode("utf-8", errors="replace") for d in side[i:i + TOKENIZE_CHUNK]]
-            for encoded in tokenizer.encode_batch(texts):
-                ids += (sep if ids else []) + encoded
-        sides.append(np.asarray(ids, dtype=np.int32))
+    arrays = make()
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-    save_file({"train": sides[0], "val": sides[1]}, tmp)
+    save_file(arrays, tmp)
     os.replace(tmp, cache)
-    return (sides[0], sides[1]), False
+    return arrays, False
 
 
 def token_cache_dir() -> Path:

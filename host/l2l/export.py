@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -39,8 +38,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
     ck = load_latest(run_dir, arrays=False)
     if ck is None:
         raise UserError(f"{run_dir} holds no checkpoint to export")
-    names = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in ck.meta["config"].items() if k in names})
+    cfg = TrainConfig.from_dict(ck.meta["config"])
     if not is_model_dir(cfg.model):
         raise UserError(f"{run_dir} trained {cfg.model!r}: export writes Hugging Face directories for runs of a "
                         "model directory (--model DIR), whose config and tensor names it reuses")

@@ -8,7 +8,7 @@ checked by :meth:`TrainConfig.check`, which words every mistake as one line.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .config import DEVICES, ENGINES, OVERFLOW, PLAN_MODES, PRECISIONS, STASH, TrainConfig
@@ -132,6 +132,4 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option], *,
 
 def config_from(args: argparse.Namespace, **overrides) -> TrainConfig:
     """The TrainConfig of parsed ``args`` (fields they do not carry keep their defaults)."""
-    names = {f.name for f in fields(TrainConfig)}
-    given = {k: v for k, v in vars(args).items() if k in names}
-    return replace(TrainConfig(**given), **overrides)
+    return replace(TrainConfig.from_dict(vars(args)), **overrides)

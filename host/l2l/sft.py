@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file, save_file
 
-from .data import Batch, StepSampler, is_val_document, token_cache_dir
+from .data import Batch, StepSampler, cached_arrays, is_val_document, jsonl_records
 from .errors import UserError
 from .models.stack import IGNORE_INDEX
 from .tokenizer import Tokenizer
@@ -89,32 +88,21 @@ def load_examples(path: str, tokenizer: Tokenizer) -> Examples:
     key = hashlib.sha256(f"sft/{tokenizer.fingerprint}/{tokenizer.eos_id}/{template}".encode())
     with open(path, "rb") as f:
         key.update(hashlib.sha256(f.read()).digest())
-    cache = token_cache_dir() / f"{key.hexdigest()}.safetensors"
-    cached = cache.is_file()
-    if cached:
-        try:
-            a = load_file(cache)
-            sides = [TokenizedExamples(a[f"{s}.ids"], a[f"{s}.mask"], a[f"{s}.offsets"]) for s in ("train", "val")]
-        except Exception:  # a damaged cache entry is rebuilt, not trusted
-            cache.unlink(missing_ok=True)
-            cached = False
-    if not cached:
-        template = _template(tokenizer) if any(_kind(r) == "chat" for _, r in records) else None
+
+    def tokenize() -> dict[str, np.ndarray]:
+        compiled = _template(tokenizer) if any(_kind(r) == "chat" for _, r in records) else None
         val = [is_val_document(where) for where, _ in records]
-        if len(records) > 1 and not any(val):
+        if not any(val):
             val[-1] = True
-        if len(records) > 1 and all(val):
+        if all(val):
             val[0] = False
-        sides = []
-        for want in (False, True):
-            encoded = [_encode(r, where, tokenizer, template) for (where, r), v in zip(records, val) if v == want]
-            sides.append(_pack(encoded))
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        save_file({f"{s}.{k}": getattr(side, k) for s, side in zip(("train", "val"), sides)
-                   for k in ("ids", "mask", "offsets")}, tmp)
-        os.replace(tmp, cache)
-    train, val = sides
+        arrays = {}
+        for side, want in (("train", False), ("val", True)):
+            packed = _pack([_encode(r, where, tokenizer, compiled) for (where, r), v in zip(records, val) if v == want])
+            arrays.update({f"{side}.{k}": getattr(packed, k) for k in ("ids", "mask", "offsets")})
+        return arrays
+    a, cached = cached_arrays(key.hexdigest(), tokenize)
+    train, val = (TokenizedExamples(a[f"{s}.ids"], a[f"{s}.mask"], a[f"{s}.offsets"]) for s in ("train", "val"))
     answer = int(train.mask.sum() + val.mask.sum())
     description = (f"{path}: {len(records)} examples ({len(train)} train, {len(val)} val), "
                    f"{train.ids.size + val.ids.size:,} tokens of {tokenizer.name}, {answer:,} in answers"
@@ -124,23 +112,10 @@ def load_examples(path: str, tokenizer: Tokenizer) -> Examples:
 
 def _records(path: str) -> list[tuple[str, dict]]:
     out = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{where}: not JSON ({e.msg})") from None
-                if not isinstance(record, dict) or _kind(record) is None:
-                    raise UserError(f"{where}: neither prompt/completion nor messages")
-                out.append((f"{os.path.basename(path)}:{number}", record))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 ({e.reason})") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    for number, record in jsonl_records(path):
+        if not isinstance(record, dict) or _kind(record) is None:
+            raise UserError(f"{path}:{number}: neither prompt/completion nor messages")
+        out.append((f"{os.path.basename(path)}:{number}", record))
     if len(out) < 2:
         raise UserError(f"{path}: {len(out)} example(s); training and validation need at least 2")
     return out
