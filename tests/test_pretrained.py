@@ -166,12 +166,6 @@ def test_bad_checkpoints_are_one_line(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, missing / "model.safetensors")
     _refused(tmp_path, missing, "model.layers.1.mlp.up_proj.weight")
-    # tied embeddings are refused, not silently untied
-    tied = tmp_path / "tied"
-    tied.mkdir()
-    (tied / "config.json").write_text(json.dumps({**json.loads((llama / "config.json").read_text()),
-                                                  "tie_word_embeddings": True}))
-    _refused(tmp_path, tied, "tie_word_embeddings")
 
 
 def test_the_planner_counts_a_model_directory(tmp_path):

@@ -45,7 +45,8 @@ class PlainEngine:
         self.clip_grad_norm = clip_grad_norm
         stack.materialize(device)  # a model read from a checkpoint arrives without weights of its own
         self.modules = [layer.module.to(device) for layer in stack.layers]
-        self.params = [p for m in self.modules for p in m.parameters()]
+        # a parameter shared by two layers (tied embeddings) is one parameter here, as in the HF model
+        self.params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
         self.optimizer = torch.optim.AdamW(
             self.params, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps,
             weight_decay=hyper.weight_decay)
@@ -98,7 +99,7 @@ class PlainEngine:
             skipped = len(self.modules) if self.scaler.get_scale() < scale else 0
         else:
             self.optimizer.step()
-        weight_bytes = sum(p.numel() * p.element_size() * 2 for m in self.modules for p in m.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() * 2 for p in self.params)
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else weight_bytes
         return StepResult(loss=loss_sum.item() / divisor, tokens=batch.inputs.numel(),
                           eps_wait_s=0.0, device_peak_bytes=peak, device_weight_peak_bytes=weight_bytes,
@@ -118,12 +119,14 @@ class PlainEngine:
             group["lr"] = lr
 
     # ------------------------------------------------------------ state
-    # Checkpoints use the EPS's format -- per layer, flat fp32 p, m, v and a
-    # step count -- so a run can move between the relay and the baseline.
+    # Checkpoints use the EPS's format -- per entry (each layer's own parameters,
+    # then each shared one), flat fp32 p, m, v and a step count -- so a run can
+    # move between the relay and the baseline.
     def _layer_params(self):
-        for i, (layer, module) in enumerate(zip(self.stack.layers, self.modules)):
-            params = dict(module.named_parameters())
-            yield i, layer.layout, [params[s.name] for s in layer.layout.slots]
+        named = [dict(module.named_parameters()) for module in self.modules]
+        for e in range(self.stack.num_entries):
+            i, layout = self.stack.entry_layout(e)
+            yield e, layout, [named[i][s.name] for s in layout.slots]
 
     def state_tensors(self) -> dict[str, np.ndarray]:
         out = {}
@@ -140,7 +143,7 @@ class PlainEngine:
     def state_meta(self) -> dict:
         steps = {}
         for i, _, params in self._layer_params():
-            state = self.optimizer.state.get(params[0], {})
+            state = self.optimizer.state.get(params[0], {}) if params else {}
             steps[str(i)] = int(state["step"]) if "step" in state else 0
         meta = {"steps": steps}
         if self.scaler:  # in the relay's LossScaler format, so runs move between engines
@@ -169,7 +172,12 @@ class PlainEngine:
                     }
 
     def master_weights(self) -> list[np.ndarray]:
-        return [layer.layout.flatten(m) for layer, m in zip(self.stack.layers, self.modules)]
+        """fp32 weights per entry, in the relay's order (each layer's own, then each shared one)."""
+        out = []
+        for _, layout, params in self._layer_params():
+            out.append(np.concatenate([p.detach().reshape(-1).float().cpu().numpy() for p in params])
+                       if params else np.zeros(0, np.float32))
+        return out
 
     def close(self) -> None:
         pass

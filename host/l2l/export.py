@@ -46,7 +46,8 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
     if json.loads(json.dumps(stack.signature())) != ck.meta.get("signature"):
         raise UserError(f"{cfg.model} no longer matches the model {run_dir} trained (its config changed)")
 
-    shards = _plan_shards([layer.layout.numel * DTYPES[dtype].itemsize for layer in stack.layers], shard_bytes)
+    entries = range(stack.num_entries)  # each layer's own tensors, then each tied one (written once)
+    shards = _plan_shards([stack.entry_numel(e) * DTYPES[dtype].itemsize for e in entries], shard_bytes)
     tmp = out.with_name(f".{out.name}.export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -55,11 +56,11 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
         if len(shards) == 1:
             files = ["model.safetensors"]
         weight_map = {}
-        for file, layer_ids in zip(files, shards):
+        for file, entry_ids in zip(files, shards):
             tensors = {}
-            for i in layer_ids:
-                flat = torch.from_numpy(read_array(ck, f"layer{i}.p"))
-                for slot, key in zip(stack.layers[i].layout.slots, keys[i]):
+            for e in entry_ids:
+                flat = torch.from_numpy(read_array(ck, f"layer{e}.p"))
+                for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
                     part = flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
                     tensors[key] = part.to(DTYPES[dtype]).contiguous().clone()
                     weight_map[key] = file
@@ -67,7 +68,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
             save_file(tensors, str(tmp / file), metadata={"format": "pt"})
             del tensors
         if len(files) > 1:
-            total = sum(layer.layout.numel for layer in stack.layers) * DTYPES[dtype].itemsize
+            total = stack.num_params * DTYPES[dtype].itemsize
             (tmp / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
         source = Path(cfg.model)
@@ -89,7 +90,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
 
 
 def _plan_shards(layer_bytes: list[int], limit: int) -> list[list[int]]:
-    """Consecutive layers per shard, each shard at most ``limit`` bytes (or one layer)."""
+    """Consecutive entries per shard, each shard at most ``limit`` bytes (or one entry)."""
     shards: list[list[int]] = [[]]
     size = 0
     for i, n in enumerate(layer_bytes):

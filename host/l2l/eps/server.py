@@ -1,7 +1,8 @@
 """The eager param-server: bookkeeping around a backend, and the eagerness itself.
 
-The relay pushes a layer's gradient contributions; when all ``contributors``
-of a layer are in, its update is queued on a background worker and the relay
+The relay pushes a layer's gradient contributions; when all contributors
+of a layer are in (one per data-parallel worker, times the number of layers that
+use the entry: a tied embedding gets one from the pre and one from the post stage), its update is queued on a background worker and the relay
 goes on with the next layer at once. ``fetch(layer)`` waits for that layer's
 pending update only. A failed update is re-raised in the caller's thread at
 the next ``fetch``/``push_gradient``/``poll`` -- the relay polls at every layer,
@@ -68,6 +69,7 @@ class EagerParamServer:
         self.contributors = contributors
         self._alloc = host_alloc
         self._numel: dict[int, int] = {}
+        self._contributors: dict[int, int] = {}
         self._steps: dict[int, int] = {}
         self._copies: dict[int, np.ndarray] = {}
         self._inboxes: dict[int, np.ndarray] = {}  # layer -> (contributors, n) block
@@ -87,15 +89,26 @@ class EagerParamServer:
         self._held: dict[int, Future] = {}  # layer -> future of (finite, sumsq, divisor, loss_scale, hyper)
 
     # ----------------------------------------------------------- layers
-    def add_layer(self, layer: int, p: np.ndarray) -> None:
+    def add_layer(self, layer: int, p: np.ndarray, users: int = 1) -> None:
+        """A new entry with initial weights ``p``; ``users`` layers (each on every one of the
+        ``contributors`` workers) give it a gradient contribution per step."""
         if layer in self._numel:
             raise ValueError(f"layer {layer} already added")
+        if users < 1:
+            raise ValueError("users must be >= 1")
         p = np.ascontiguousarray(p, dtype=np.float32).reshape(-1)
         self._numel[layer] = p.shape[0]
+        self._contributors[layer] = self.contributors * users
         self._steps[layer] = 0
-        self.backend.allocate(layer, p)
         self._copies[layer] = self._alloc(p.shape[0], self.copy_dtype)
-        self.backend.write_copy(layer, self._copies[layer])
+        if self._on_backend(layer):
+            self.backend.allocate(layer, p)
+            self.backend.write_copy(layer, self._copies[layer])
+
+    def _on_backend(self, layer: int) -> bool:
+        """An entry with no elements (a pre stage whose one weight is a tied embedding, held
+        by the shared entry) is bookkeeping only: backends never see a zero-length buffer."""
+        return self._numel[layer] > 0
 
     @property
     def layers(self) -> list[int]:
@@ -107,6 +120,10 @@ class EagerParamServer:
     def step_count(self, layer: int) -> int:
         return self._steps[layer]
 
+    def contributors_of(self, layer: int) -> int:
+        """Contributions the entry waits for each step (workers times users)."""
+        return self._contributors[layer]
+
     # ----------------------------------------------------------- traffic
     def fetch(self, layer: int) -> np.ndarray:
         """The layer's device copy, once its pending update (if any) is done."""
@@ -117,12 +134,13 @@ class EagerParamServer:
         """Host buffer where ``contributor`` writes the layer's gradient (reused every step).
 
         The contributors' inboxes of a layer are the rows of one (contributors, n)
-        block, so a backend can take all K contributions as one buffer.
+        block, so a backend can take all K contributions as one buffer; they are
+        reduced in row order (the contract's order).
         """
         with self._lock:  # K workers ask at once: one block, allocated once
             if layer not in self._inboxes:
-                n = self._numel[layer]
-                self._inboxes[layer] = self._alloc(self.contributors * n, self.grad_dtype).reshape(self.contributors, n)
+                n, k = self._numel[layer], self._contributors[layer]
+                self._inboxes[layer] = self._alloc(k * n, self.grad_dtype).reshape(k, n)
             return self._inboxes[layer][contributor]
 
     def push_gradient(self, layer: int, contributor: int = 0, *, divisor: float,
@@ -134,14 +152,14 @@ class EagerParamServer:
         contributor of a step must pass the same one.
         """
         self.poll()
-        if not 0 <= contributor < self.contributors:
+        if not 0 <= contributor < self._contributors[layer]:
             raise ValueError(f"contributor {contributor} out of range")
         with self._lock:
             arrived = self._arrived.setdefault(layer, {})
             if contributor in arrived:
                 raise RuntimeError(f"layer {layer}: contributor {contributor} pushed twice in one step")
             arrived[contributor] = ready
-            if len(arrived) < self.contributors:
+            if len(arrived) < self._contributors[layer]:
                 return
             del self._arrived[layer]
             ready_all = [arrived[k] for k in sorted(arrived)]
@@ -263,7 +281,8 @@ class EagerParamServer:
             grads = self._summed.pop(layer, None)
             if grads is None:
                 grads = self._gradients(layer)
-            finite = self.backend.step(layer, grads, scalars, self._copies[layer])
+            finite = self.backend.step(layer, grads, scalars, self._copies[layer]) if self._on_backend(layer) \
+                else True
             if finite:
                 self._steps[layer] = t
             self.update_seconds += time.perf_counter() - start
@@ -311,7 +330,8 @@ class EagerParamServer:
         self.synchronize()
         out = {}
         for layer in self.layers:
-            p, m, v = self.backend.read_state(layer)
+            p, m, v = self.backend.read_state(layer) if self._on_backend(layer) else \
+                (np.zeros(0, np.float32),) * 3
             out[f"layer{layer}.p"], out[f"layer{layer}.m"], out[f"layer{layer}.v"] = p, m, v
         return out
 
@@ -334,6 +354,7 @@ class EagerParamServer:
                                      f"expected float32[{self._numel[layer]}]")
             staged[layer] = (p, m, v, steps)
         for layer, (p, m, v, steps) in staged.items():
-            self.backend.write_state(layer, p, m, v)
             self._steps[layer] = steps
-            self.backend.write_copy(layer, self._copies[layer])
+            if self._on_backend(layer):
+                self.backend.write_state(layer, p, m, v)
+                self.backend.write_copy(layer, self._copies[layer])

@@ -8,7 +8,7 @@ import torch
 
 from ..errors import UserError
 from .config import ModelConfig
-from .stack import IGNORE_INDEX, FlatLayout, Layer, LayerStack
+from .stack import IGNORE_INDEX, FlatLayout, Layer, LayerStack, SharedParam
 
 
 def _build_gpt(cfg: ModelConfig) -> LayerStack:
@@ -75,4 +75,4 @@ def build_stack(cfg: ModelConfig, seed: int) -> LayerStack:
 
 
 __all__ = ["FAMILIES", "IGNORE_INDEX", "FlatLayout", "Layer", "LayerStack", "ModelConfig",
-           "ModelFamily", "build_stack", "family"]
+           "ModelFamily", "SharedParam", "build_stack", "family"]

@@ -56,9 +56,6 @@ def read_config(directory: str | Path) -> dict:
     if model_type not in SUPPORTED:
         raise UserError(f"{directory}: model_type {model_type!r} is not supported; supported families: "
                         f"{', '.join(SUPPORTED)}")
-    if config.get("tie_word_embeddings", False):
-        raise UserError(f"{directory}: tied input and output embeddings (tie_word_embeddings) are not "
-                        "supported yet; only untied checkpoints load")
     return config
 
 
@@ -112,14 +109,20 @@ def build_pretrained(directory: str, init: str) -> LayerStack:
         return cut_model(DECODER, model, stack_config)
     weights = SafetensorsWeights(directory)
     stack, keys = checkpoint_keys(directory)
-    for layer, layer_keys in zip(stack.layers, keys):
-        layer.source = _reader(weights, layer.layout, layer_keys)
+    for e, entry_keys in enumerate(keys):
+        reader = _reader(weights, stack.entry_layout(e)[1], entry_keys)
+        if e < len(stack.layers):
+            stack.layers[e].source = reader
+        else:
+            stack.shared[e - len(stack.layers)].source = reader
     return stack
 
 
 def checkpoint_keys(directory: str) -> tuple[LayerStack, list[list[str]]]:
     """The directory's model as a layer stack on the meta device (no weights), and per
-    layer the checkpoint's name of each slot of its flat layout, in layout order."""
+    EPS entry (each layer's own parameters, then each shared one) the checkpoint's name
+    of each slot of its flat layout, in layout order. A tied parameter has the name the
+    model gives it first (the input embedding's), the one ``save_pretrained`` writes."""
     from transformers import AutoModelForCausalLM
 
     from .hf import DECODER, cut_model
@@ -131,7 +134,10 @@ def checkpoint_keys(directory: str) -> tuple[LayerStack, list[list[str]]]:
     model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
     names = {id(p): n for n, p in model.named_parameters()}
     stack = cut_model(DECODER, model, stack_config)
-    keys = [[names[id(layer.module.get_parameter(s.name))] for s in layer.layout.slots] for layer in stack.layers]
+    keys = []
+    for e in range(stack.num_entries):
+        i, layout = stack.entry_layout(e)
+        keys.append([names[id(stack.layers[i].module.get_parameter(s.name))] for s in layout.slots])
     return stack, keys
 
 

@@ -13,6 +13,13 @@ The relay never sees a model as a whole. It sees an ordered list of
 
 Each layer's parameters are addressed through a :class:`FlatLayout`: one
 contiguous fp32 vector per layer, the unit the EPS stores and updates.
+
+A parameter that several layers use -- tied input and output embeddings --
+is a :class:`SharedParam`: not in any layer's vector but an EPS entry of its
+own (entry ``len(layers) + t`` for the stack's ``t``-th shared parameter),
+fetched beside each layer that uses it, given a gradient contribution by each,
+and updated once per step when all have arrived. The stack finds them itself:
+a parameter object that appears in two layers' modules is shared.
 """
 from __future__ import annotations
 
@@ -42,9 +49,12 @@ class FlatLayout:
     numel: int
 
     @classmethod
-    def of(cls, module: nn.Module) -> "FlatLayout":
+    def of(cls, module: nn.Module, exclude: frozenset[str] = frozenset()) -> "FlatLayout":
+        """``module``'s parameters in order, each once, but for the names in ``exclude``."""
         slots, offset = [], 0
         for name, p in module.named_parameters():  # shared parameters appear once
+            if name in exclude:
+                continue
             n = p.numel()
             slots.append(ParamSlot(name, tuple(p.shape), offset, n))
             offset += n
@@ -76,11 +86,31 @@ class Layer:
     # built on the meta device, its weights read from a checkpoint); None: the module's
     source: Callable[[], np.ndarray] | None = None
     layout: FlatLayout = field(init=False)
+    # parameter name in ``module`` -> index of the stack's SharedParam it is (set by the stack)
+    shared: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in ("pre", "block", "post"):
             raise ValueError(f"unknown layer kind {self.kind!r}")
         self.layout = FlatLayout.of(self.module)
+
+
+@dataclass
+class SharedParam:
+    """One parameter used by several layers; its own EPS entry, with one gradient
+    contribution per user (in ``users`` order) and per data-parallel worker."""
+
+    shape: tuple[int, ...]
+    users: tuple[tuple[int, str], ...]  # (layer index, the parameter's name in that layer's module)
+    source: Callable[[], np.ndarray] | None = None  # as Layer.source
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape))
+
+    def layout(self, name: str) -> FlatLayout:
+        """The one-slot layout that binds this entry's vector under ``name``."""
+        return FlatLayout((ParamSlot(name, self.shape, 0, self.numel),), self.numel)
 
 
 @dataclass
@@ -95,35 +125,94 @@ class LayerStack:
         kinds = [layer.kind for layer in self.layers]
         if len(kinds) < 3 or kinds[0] != "pre" or kinds[-1] != "post" or set(kinds[1:-1]) != {"block"}:
             raise ValueError(f"a layer stack is pre, blocks, post; got {kinds}")
+        self.shared: list[SharedParam] = []
+        users: dict[int, list[tuple[int, str, nn.Parameter]]] = {}
+        for i, layer in enumerate(self.layers):
+            for name, p in layer.module.named_parameters():
+                users.setdefault(id(p), []).append((i, name, p))
+        for found in users.values():
+            if len(found) < 2:
+                continue
+            t = len(self.shared)
+            self.shared.append(SharedParam(tuple(found[0][2].shape), tuple((i, name) for i, name, _ in found)))
+            for i, name, _ in found:
+                self.layers[i].shared[name] = t
+        for layer in self.layers:
+            if layer.shared:
+                layer.layout = FlatLayout.of(layer.module, exclude=frozenset(layer.shared))
 
     def __len__(self) -> int:
         return len(self.layers)
 
     @property
     def num_params(self) -> int:
-        return sum(layer.layout.numel for layer in self.layers)
+        return sum(self.entry_numel(e) for e in range(self.num_entries))
+
+    # EPS entries: one per layer (its own parameters), then one per shared parameter
+    @property
+    def num_entries(self) -> int:
+        return len(self.layers) + len(self.shared)
+
+    def entry_numel(self, e: int) -> int:
+        return self.layers[e].layout.numel if e < len(self.layers) else self.shared[e - len(self.layers)].numel
+
+    def entry_users(self, e: int) -> int:
+        """How many layers give entry ``e`` a gradient contribution each step."""
+        return 1 if e < len(self.layers) else len(self.shared[e - len(self.layers)].users)
+
+    def parts(self, i: int) -> list[tuple[int, int, FlatLayout]]:
+        """What layer ``i`` fetches and gives gradients to: (entry, this layer's place among
+        the entry's users, the layout binding the entry's vector into the layer's module)."""
+        out = [(i, 0, self.layers[i].layout)]
+        for name, t in self.layers[i].shared.items():
+            shared = self.shared[t]
+            out.append((len(self.layers) + t, [u for u, _ in shared.users].index(i), shared.layout(name)))
+        return out
 
     def signature(self) -> dict[str, Any]:
-        return {"config": self.config, "layers": [[l.name, l.layout.numel] for l in self.layers]}
+        sig: dict[str, Any] = {"config": self.config, "layers": [[l.name, l.layout.numel] for l in self.layers]}
+        if self.shared:
+            sig["shared"] = [[[i for i, _ in s.users], s.numel] for s in self.shared]
+        return sig
 
-    def initial_weights(self, i: int) -> np.ndarray:
-        """Layer ``i``'s initial weights as one fp32 vector in its layout (read one layer at a time)."""
-        layer = self.layers[i]
-        flat = layer.source() if layer.source is not None else layer.layout.flatten(layer.module)
-        if flat.shape != (layer.layout.numel,) or flat.dtype != np.float32:
-            raise ValueError(f"{layer.name}: initial weights of shape {flat.shape} and dtype {flat.dtype}, "
-                             f"expected ({layer.layout.numel},) float32")
+    def entry_layout(self, e: int) -> tuple[int, FlatLayout]:
+        """Where entry ``e``'s vector lives in the model: a layer that holds it, and the layout
+        of it in that layer's module (for a shared parameter: its first user's)."""
+        if e < len(self.layers):
+            return e, self.layers[e].layout
+        shared = self.shared[e - len(self.layers)]
+        i, name = shared.users[0]
+        return i, shared.layout(name)
+
+    def initial_weights(self, e: int) -> np.ndarray:
+        """Entry ``e``'s initial weights as one fp32 vector (read one entry at a time)."""
+        i, layout = self.entry_layout(e)
+        source = self.layers[e].source if e < len(self.layers) else self.shared[e - len(self.layers)].source
+        flat = source() if source is not None else layout.flatten(self.layers[i].module)
+        if flat.shape != (layout.numel,) or flat.dtype != np.float32:
+            raise ValueError(f"entry {e} ({self.layers[i].name}): initial weights of shape {flat.shape} and dtype "
+                             f"{flat.dtype}, expected ({layout.numel},) float32")
         return flat
 
     def materialize(self, device: torch.device) -> None:
         """Give every layer whose parameters are meta placeholders real parameters on
         ``device``, filled with its initial weights (what an in-memory engine needs)."""
+        shared = [None] * len(self.shared)  # one Parameter per shared entry, put in every user
         for i, layer in enumerate(self.layers):
             if not any(p.is_meta for p in layer.module.parameters()):
                 continue
-            flat = torch.from_numpy(self.initial_weights(i))
-            fresh = {s.name: nn.Parameter(flat[s.offset:s.offset + s.numel].view(s.shape).to(device).clone())
-                     for s in layer.layout.slots}
+            fresh = {}
+            for e, _, layout in self.parts(i):
+                t = e - len(self.layers)
+                if t >= 0 and shared[t] is not None:
+                    fresh[layout.slots[0].name] = shared[t]
+                    continue
+                flat = torch.from_numpy(self.initial_weights(e))
+                made = {s.name: nn.Parameter(flat[s.offset:s.offset + s.numel].view(s.shape).to(device).clone())
+                        for s in layout.slots}
+                fresh.update(made)
+                if t >= 0:
+                    shared[t] = next(iter(made.values()))
             first: dict[int, str] = {}
             for name, p in list(layer.module.named_parameters(remove_duplicate=False)):
                 owner, _, attr = name.rpartition(".")

@@ -348,7 +348,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     weights = _weights_peak_prefetch(shapes, db) if on_cuda else ledger["weights"]
     # the ledger counts weights at fetch; with prefetch the next layer's are also resident
     device_ledger = ledger["device"] + (weights - ledger["weights"])
-    params = sum(s.params for s in shapes)
+    params = sum(s.params - s.counted_before for s in shapes)
     host_eps = params * (EPS_STATE_BYTES + 2 * db)
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0

@@ -27,11 +27,13 @@ class LayerShape:
 
     name: str
     kind: str           # "pre" | "block" | "post"
-    params: int         # elements of the layer's flat buffer (what the EPS stores)
+    params: int         # elements the layer fetches: its flat buffer and any shared (tied) entry
     matmul_params: int  # weights used in matrix products: 2 * this FLOPs per token
     attention: bool     # a block: causal self-attention over the sequence
     tail_matmul_params: int = 0  # of those, used after the last tensor backward needs:
     #                              the early-stopping recompute skips them
+    counted_before: int = 0  # of ``params``, those an earlier layer also fetches (a tied
+    #                          embedding's second user): the EPS stores them once
 
     def forward_flops(self, batch: int, seq_len: int, d_model: int) -> float:
         """FLOPs of one forward over ``batch`` sequences of ``seq_len`` tokens."""
@@ -95,13 +97,17 @@ def meta_layer_shapes(cfg: TrainConfig) -> list[LayerShape]:
     with torch.device("meta"):
         stack = build_stack(cfg.model_config(), 0)
     shapes = []
-    for layer in stack.layers:
+    for i, layer in enumerate(stack.layers):
         matmul = 0
         for module in layer.module.modules():
             if isinstance(module, torch.nn.Embedding):
                 continue  # a gather, not a product
             matmul += sum(p.numel() for p in module.parameters(recurse=False) if p.dim() >= 2)
-        shapes.append(LayerShape(layer.name, layer.kind, layer.layout.numel, matmul, layer.kind == "block"))
+        shared = [stack.shared[t] for t in layer.shared.values()]
+        fetched = layer.layout.numel + sum(sh.numel for sh in shared)
+        before = sum(sh.numel for sh in shared if sh.users[0][0] != i)
+        shapes.append(LayerShape(layer.name, layer.kind, fetched, matmul, layer.kind == "block",
+                                 counted_before=before))
     return shapes
 
 

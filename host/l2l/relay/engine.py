@@ -23,7 +23,7 @@ import torch
 from ..data import Batch
 from ..engine import StepResult
 from ..eps import EagerParamServer
-from ..models import Layer, LayerStack
+from ..models import FlatLayout, Layer, LayerStack
 from .binding import WeightBinding
 from .ledger import MemoryLedger
 from .recompute import Recorder, WeightSinks
@@ -34,19 +34,28 @@ from .transport import make_transport
 
 
 class _FetchedLayer:
-    """One layer's weights on the device, as named views of one flat buffer."""
+    """One layer's weights on the device: its own flat buffer and those of the shared
+    parameters it uses (tied embeddings), bound as named views."""
 
-    def __init__(self, layer: Layer, binding: WeightBinding, weights: torch.Tensor) -> None:
+    def __init__(self, layer: Layer, binding: WeightBinding,
+                 parts: list[tuple[int, int, FlatLayout, torch.Tensor]]) -> None:
         self.layer = layer
         self.binding = binding
-        self.weights = weights
-        self.grad: torch.Tensor | None = None
-        self.params = layer.layout.views(weights)
+        self.parts = parts  # (EPS entry, place among its users, layout, device weights)
+        self.grads: list[torch.Tensor] = []  # one buffer per part, once given
+        self.params: dict[str, torch.Tensor] = {}
+        for _, _, layout, weights in parts:
+            self.params.update(layout.views(weights))
 
-    def enable_grad(self, grad: torch.Tensor) -> None:
-        """Make each view a leaf whose ``.grad`` is its slice of one flat buffer."""
-        self.grad = grad
-        grads = self.layer.layout.views(grad)
+    def grad_views(self) -> dict[str, torch.Tensor]:
+        views: dict[str, torch.Tensor] = {}
+        for (_, _, layout, _), grad in zip(self.parts, self.grads):
+            views.update(layout.views(grad))
+        return views
+
+    def enable_grad(self) -> None:
+        """Make each view a leaf whose ``.grad`` is its slice of the gradient buffers."""
+        grads = self.grad_views()
         for name, view in self.params.items():
             view.requires_grad_(True)
             view.grad = grads[name]
@@ -96,9 +105,10 @@ class RelayEngine:
         self.rng_lock = rng_lock
         self._history_seen = 0
         self.layers = stack.layers
-        for i, layer in enumerate(self.layers):
-            if i not in eps.layers:
-                eps.add_layer(i, stack.initial_weights(i))
+        for e in range(stack.num_entries):
+            if e not in eps.layers:
+                eps.add_layer(e, stack.initial_weights(e), users=stack.entry_users(e))
+        self.parts = [stack.parts(i) for i in range(len(self.layers))]
         self.bindings = [WeightBinding(layer.module, device) for layer in self.layers]
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
@@ -109,11 +119,11 @@ class RelayEngine:
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
         """Start uploading layer ``i``'s weights (asynchronous transports only); the
-        device buffer is booked as ``weights_prefetch`` until :meth:`_fetch` takes it."""
+        device buffers are booked as ``weights_prefetch`` until :meth:`_fetch` takes them."""
         if 0 <= i < len(self.layers) and i not in self._prefetched and self.transport.asynchronous:
-            pending = self.transport.upload(self.eps.fetch(i))
+            pending = [self.transport.upload(self.eps.fetch(e)) for e, _, _ in self.parts[i]]
             self._prefetched[i] = pending
-            self.ledger.add("weights_prefetch", pending.nbytes)
+            self.ledger.add("weights_prefetch", sum(p.nbytes for p in pending))
 
     def _fetch(self, i: int) -> _FetchedLayer:
         resident = self._resident.pop(i, None)
@@ -121,33 +131,39 @@ class RelayEngine:
             return resident
         pending = self._prefetched.pop(i, None)
         if pending is not None:
-            self.ledger.sub("weights_prefetch", pending.nbytes)
+            self.ledger.sub("weights_prefetch", sum(p.nbytes for p in pending))
         else:
-            pending = self.transport.upload(self.eps.fetch(i))
-        fetched = _FetchedLayer(self.layers[i], self.bindings[i], pending.wait())
-        self.ledger.add("weights", _nbytes(fetched.weights))
+            pending = [self.transport.upload(self.eps.fetch(e)) for e, _, _ in self.parts[i]]
+        parts = [(e, user, layout, p.wait()) for (e, user, layout), p in zip(self.parts[i], pending)]
+        fetched = _FetchedLayer(self.layers[i], self.bindings[i], parts)
+        self.ledger.add("weights", sum(_nbytes(w) for *_, w in parts))
         return fetched
 
     def _release(self, fetched: _FetchedLayer) -> None:
-        self.ledger.sub("weights", _nbytes(fetched.weights))
-        if fetched.grad is not None:
-            self.ledger.sub("grads", _nbytes(fetched.grad))
+        self.ledger.sub("weights", sum(_nbytes(w) for *_, w in fetched.parts))
+        self.ledger.sub("grads", sum(_nbytes(g) for g in fetched.grads))
+
+    def _contributor(self, entry: int, user: int) -> int:
+        """This worker's row in the entry's inbox: users outer, workers inner."""
+        return user * self.eps.contributors + self.contributor
 
     def _with_grad(self, i: int, fetched: _FetchedLayer, sinks: WeightSinks | None = None) -> None:
-        """Give the layer its gradient buffer: as its leaves' ``.grad`` (the post stage,
+        """Give the layer its gradient buffers: as its leaves' ``.grad`` (the post stage,
         whose forward and backward are one), or through the sinks of its recorded graph."""
-        inbox = self.eps.gradient_inbox(i, self.contributor)
-        grad = self.transport.gradient_buffer(inbox)
+        for e, user, _, _ in fetched.parts:
+            inbox = self.eps.gradient_inbox(e, self._contributor(e, user))
+            fetched.grads.append(self.transport.gradient_buffer(inbox))
+            self.ledger.add("grads", _nbytes(fetched.grads[-1]))
         if sinks is None:
-            fetched.enable_grad(grad)
+            fetched.enable_grad()
         else:
-            fetched.grad = grad
-            sinks.grads = self.layers[i].layout.views(grad)
-        self.ledger.add("grads", _nbytes(grad))
+            sinks.grads = fetched.grad_views()
 
     def _hand_over(self, i: int, fetched: _FetchedLayer, scale: float) -> None:
-        ready = self.transport.download_gradient(fetched.grad, self.eps.gradient_inbox(i, self.contributor))
-        self.eps.push_gradient(i, self.contributor, divisor=1.0, loss_scale=scale, ready=ready)
+        for (e, user, _, _), grad in zip(fetched.parts, fetched.grads):
+            contributor = self._contributor(e, user)
+            ready = self.transport.download_gradient(grad, self.eps.gradient_inbox(e, contributor))
+            self.eps.push_gradient(e, contributor, divisor=1.0, loss_scale=scale, ready=ready)
 
     def settle_previous_step(self) -> int:
         """Wait for the previous step's updates (the forward needs layer 0 first, whose
@@ -363,9 +379,10 @@ class RelayEngine:
         self._history_seen = self.eps.records_total
 
     def master_weights(self) -> list[np.ndarray]:
-        """fp32 master weights per layer, flat (the EPS's, after the queued updates)."""
+        """fp32 master weights per EPS entry, flat (the EPS's, after the queued updates):
+        each layer's own, then each shared parameter's."""
         tensors = self.eps.state_tensors()
-        return [tensors[f"layer{i}.p"] for i in range(len(self.layers))]
+        return [tensors[f"layer{e}.p"] for e in range(self.stack.num_entries)]
 
     def close(self) -> None:
         """Let queued updates finish and stop the EPS worker (never raises a worker error twice)."""
