@@ -406,7 +406,10 @@ class BatchSampler(StepSampler):
     """Random windows of a token array (bytes or token ids); see :class:`StepSampler`."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int,
-                 objective: str = "causal", seed: int = 0, *, name: str = "data"):
+                 objective: str = "causal", seed: int = 0, *, name: str = "data",
+                 mask_id: int = MASK_TOKEN, vocab_size: int = BYTE_VOCAB):
+        """``mask_id`` and ``vocab_size`` (the range random replacements come from) serve
+        the masked-LM objective: the tokenizer's ``[MASK]`` and vocabulary, or bytes'."""
         if objective not in OBJECTIVES:
             raise UserError(f"unknown objective {objective!r}; "
                             f"choose one of {', '.join(OBJECTIVES)}")
@@ -423,6 +426,7 @@ class BatchSampler(StepSampler):
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
         self.objective = objective
+        self.mask_id, self.vocab_size = int(mask_id), int(vocab_size)
         self.seed = int(seed)
         self.next_step = 0
         # causal needs one extra byte for the shifted targets
@@ -443,13 +447,13 @@ class BatchSampler(StepSampler):
         if self.objective == "causal":
             inputs, targets = windows[:, :-1], windows[:, 1:]
         else:
-            inputs, targets = _mask(windows, rng)
+            inputs, targets = _mask(windows, rng, self.mask_id, self.vocab_size)
         return Batch(torch.from_numpy(np.ascontiguousarray(inputs)),
                      torch.from_numpy(np.ascontiguousarray(targets)))
 
 
-def _mask(windows: np.ndarray, rng: np.random.Generator
-          ) -> tuple[np.ndarray, np.ndarray]:
+def _mask(windows: np.ndarray, rng: np.random.Generator, mask_id: int = MASK_TOKEN,
+          vocab_size: int = BYTE_VOCAB) -> tuple[np.ndarray, np.ndarray]:
     """BERT-style corruption: pick 15% (>= 1 per row), 80/10/10 mask/random/keep.
 
     Exactly ``max(1, round(0.15 * T))`` positions per row keeps the number of
@@ -466,6 +470,6 @@ def _mask(windows: np.ndarray, rng: np.random.Generator
     u = rng.random((b, t))
     to_mask = picked & (u < MLM_MASK)
     to_random = picked & (u >= MLM_MASK) & (u < MLM_MASK + MLM_RANDOM)
-    inputs[to_mask] = MASK_TOKEN
-    inputs[to_random] = rng.integers(0, BYTE_VOCAB, size=int(to_random.sum()))
+    inputs[to_mask] = mask_id
+    inputs[to_random] = rng.integers(0, vocab_size, size=int(to_random.sum()))
     return inputs, targets

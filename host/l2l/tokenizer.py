@@ -11,9 +11,13 @@ without knowing which kind they hold:
 ``decode(ids) -> str``
     The text of ``ids``; special tokens are kept, so ``decode(encode(s)) == s``.
 ``eos_id``
-    The end-of-text id placed between documents, or ``None`` when the
-    tokenizer has none (bytes: documents are joined with a newline byte, see
+    The end-of-text id placed between documents (a tokenizer with no end-of-text
+    token but a separator, BERT's ``[SEP]``, gives that), or ``None`` when the
+    tokenizer has neither (bytes: documents are joined with a newline byte, see
     :mod:`l2l.data`).
+``mask_id``
+    The id the masked-LM objective puts in place of a hidden token (BERT's
+    ``[MASK]``; for bytes 256, the one id after them), or ``None``.
 ``name``, ``description``
     A short label and a one-line summary for logs.
 
@@ -44,6 +48,7 @@ from typing import Iterator, Protocol, Sequence, runtime_checkable
 from .errors import UserError
 
 BYTE_VOCAB = 256                 # ids of ByteTokenizer (as l2l.models.config.BYTE_VOCAB)
+BYTE_MASK = BYTE_VOCAB           # its masked-LM mask id (as l2l.models.config.MASK_TOKEN)
 EOS_TOKEN = "<|endoftext|>"      # the end-of-text token train_bpe adds
 MIN_BPE_VOCAB = BYTE_VOCAB + 1   # the 256 byte symbols and EOS_TOKEN
 BINARY_SNIFF_BYTES = 8192        # as l2l.data: a NUL in this prefix marks a file binary
@@ -56,6 +61,7 @@ class Tokenizer(Protocol):
 
     vocab_size: int
     eos_id: int | None
+    mask_id: int | None
     name: str
     description: str
     fingerprint: str  # changes when the tokenizer would encode differently
@@ -72,6 +78,7 @@ class ByteTokenizer:
 
     vocab_size = BYTE_VOCAB
     eos_id: int | None = None
+    mask_id: int | None = BYTE_MASK
     chat_template: str | None = None
     name = "bytes"
     fingerprint = "bytes"
@@ -114,18 +121,25 @@ class HFTokenizer:
             raise UserError(f"cannot load {file}: {_one_line(e)}") from None
         config = _read_json(os.path.join(self.path, "tokenizer_config.json"))
         special = _read_json(os.path.join(self.path, "special_tokens_map.json"))
-        self.eos_token = _token_text(config.get("eos_token")) or _token_text(special.get("eos_token"))
-        self.eos_id: int | None = None
-        if self.eos_token is not None:
-            self.eos_id = self.backend.token_to_id(self.eos_token)
-            if self.eos_id is None:
-                raise UserError(f"eos token {self.eos_token!r} of {self.path} is not in its vocabulary")
+        def special_token(key: str) -> str | None:
+            return _token_text(config.get(key)) or _token_text(special.get(key))
+        self.eos_token = special_token("eos_token") or special_token("sep_token")
+        self.eos_id = self._id_of(self.eos_token, "eos")
+        self.mask_id = self._id_of(special_token("mask_token"), "mask")
         self.chat_template = _chat_template(self.path, config)
         self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
         self.name = os.path.basename(os.path.normpath(os.path.abspath(self.path)))
         kind = type(self.backend.model).__name__
         eos = f"eos {self.eos_token!r} (id {self.eos_id})" if self.eos_token else "no eos token"
         self.description = f"{self.path}: {kind}, vocab {self.vocab_size:,}, {eos}"
+
+    def _id_of(self, token: str | None, role: str) -> int | None:
+        if token is None:
+            return None
+        found = self.backend.token_to_id(token)
+        if found is None:
+            raise UserError(f"{role} token {token!r} of {self.path} is not in its vocabulary")
+        return found
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids

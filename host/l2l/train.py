@@ -116,10 +116,14 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
         val_batches = ExampleSampler(corpus.val, cfg.seq_len, cfg.batch_size, seed=cfg.seed, pad_id=pad,
                                      name="val").fixed_batches(cfg.eval_batches)
     else:
+        if objective == "mlm" and tokenizer.mask_id is None:
+            raise UserError(f"{cfg.model} learns masked tokens, and {tokenizer.description} has no mask token")
         corpus = load_corpus(cfg.data, tokenizer=tokenizer)
-        sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed, name="train")
+        masking = dict(mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size) if objective == "mlm" else {}
+        sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed, name="train",
+                               **masking)
         val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
-                                   name="val").fixed_batches(cfg.eval_batches)
+                                   name="val", **masking).fixed_batches(cfg.eval_batches)
     stack = build_stack(cfg.model_config(), cfg.seed)
     if tokenizer.vocab_size > stack.vocab_size:
         raise UserError(f"the tokenizer ({tokenizer.description}) has {tokenizer.vocab_size:,} tokens, more than "

@@ -52,7 +52,7 @@ FAMILIES: dict[str, ModelFamily] = {
 def _build_pretrained(cfg: ModelConfig) -> LayerStack:
     _need_transformers()
     from .pretrained import build_pretrained
-    return build_pretrained(cfg.family, cfg.init)
+    return build_pretrained(cfg.family, cfg.init, cfg.seq_len)
 
 
 def family(name: str) -> ModelFamily:

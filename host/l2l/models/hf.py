@@ -172,6 +172,10 @@ class BertEmbed(nn.Module):
 
     def __init__(self, embeddings: nn.Module):
         super().__init__()
+        # the index buffers those replace are dropped: never read, and a model built on
+        # the meta device would carry them as placeholders that cannot move to a device
+        for name in ("position_ids", "token_type_ids"):
+            embeddings._buffers.pop(name, None)
         self.embeddings = embeddings
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

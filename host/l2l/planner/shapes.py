@@ -73,11 +73,11 @@ def gpt_layer_shapes(layers: int, d_model: int, seq_len: int, vocab: int = 256) 
 def with_model_shape(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with the shape a model directory's config gives (its depth, width and heads
     rule over the shape options, which only describe the built-in models)."""
-    from ..models.pretrained import is_model_dir, read_config
+    from ..models.pretrained import is_model_dir, model_shape
     if not is_model_dir(cfg.model):
         return cfg
-    c = read_config(cfg.model)
-    return replace(cfg, layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"])
+    layers, d_model, heads = model_shape(cfg.model)
+    return replace(cfg, layers=layers, d_model=d_model, heads=heads)
 
 
 def layer_shapes(cfg: TrainConfig) -> list[LayerShape]:
