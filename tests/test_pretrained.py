@@ -1,4 +1,5 @@
-"""Local Hugging Face checkpoints in: ``--model DIR`` for Llama, Mistral, Qwen2 and Qwen3.
+"""Local Hugging Face checkpoints in: ``--model DIR`` for Llama (tied and untied), Mistral,
+Qwen2, Qwen3, GPT-2 and BERT, and ``l2l export`` back out.
 
 Each test writes its tiny checkpoint itself with ``save_pretrained`` (random init,
 safetensors; one sharded), so nothing comes from a hub.
@@ -16,27 +17,41 @@ import transformers
 
 from l2l.build import build_engine
 from l2l.config import TrainConfig
-from l2l.data import Batch
+from l2l.data import Batch, _mask
 from l2l.models import build_stack
 
 from conftest import CPU, run_cli
 
 
 VOCAB, SEQ = 300, 16
+MASK_ID = VOCAB - 1  # the tiny BERT's [MASK]
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=64, tie_word_embeddings=False)
+ALL = ["llama-gqa", "llama-tied", "llama-rope-scaled", "mistral", "qwen2", "qwen3", "gpt2", "bert"]
+TIED = {"llama-tied": ("model.embed_tokens.weight", "lm_head.weight"),
+        "gpt2": ("transformer.wte.weight", "lm_head.weight"),
+        "bert": ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight")}
 
 
 def _families():
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM)
     return {
         "llama-gqa": (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2)),
+        "llama-tied": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "tie_word_embeddings": True}, num_key_value_heads=2)),
         "llama-rope-scaled": (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=4,
                                                             rope_scaling={"rope_type": "linear", "factor": 2.0})),
         "mistral": (MistralForCausalLM, MistralConfig(**SHAPE, num_key_value_heads=2)),
         "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, num_key_value_heads=2)),
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=2, head_dim=16)),
+        # GPT-2 and BERT tie their embeddings by default; no dropout, so training is deterministic
+        "gpt2": (GPT2LMHeadModel, GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                             bos_token_id=0, eos_token_id=0)),
+        "bert": (BertForMaskedLM, BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=96, max_position_embeddings=64,
+                                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
     }
 
 
@@ -52,10 +67,19 @@ def _write(tmp: Path, name: str, **save) -> Path:
     return out
 
 
-def _batch(seed: int = 0, batch: int = 4) -> Batch:
+def _batch(seed: int = 0, batch: int = 4, name: str = "llama-gqa") -> Batch:
+    """Causal: next-token targets; BERT: 15% of the tokens masked as the data pipeline masks them."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, SEQ + 1), generator=g)
+    if name == "bert":
+        inputs, targets = _mask(x[:, :SEQ].numpy(), np.random.default_rng(seed), MASK_ID, VOCAB)
+        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets))
     return Batch(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+
+
+def _hf(name: str, directory: Path, **kw):
+    auto = transformers.AutoModelForMaskedLM if name == "bert" else transformers.AutoModelForCausalLM
+    return auto.from_pretrained(directory, **kw)
 
 
 def _hf_loss_sum(model, batch: Batch) -> torch.Tensor:
@@ -69,13 +93,13 @@ def _cfg(directory: Path, **kw) -> TrainConfig:
     return TrainConfig(model=str(directory), progress=False, **shape).check()
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "llama-rope-scaled", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ALL)
 def test_a_checkpoint_loads_and_its_loss_equals_hugging_faces(name, tmp_path):
     sharded = name == "llama-gqa"
     directory = _write(tmp_path, name, **({"max_shard_size": "40KB"} if sharded else {}))
     assert (directory / "model.safetensors.index.json").exists() == sharded
-    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
-    batch = _batch()
+    hf = _hf(name, directory).eval()
+    batch = _batch(name=name)
     with torch.no_grad():
         want = float(_hf_loss_sum(hf, batch))
     for engine_name in ("l2l", "plain"):
@@ -88,33 +112,78 @@ def test_a_checkpoint_loads_and_its_loss_equals_hugging_faces(name, tmp_path):
         assert got == pytest.approx(want, rel=1e-5), engine_name
 
 
-def test_fine_tuning_equals_hugging_face_trained_in_memory(tmp_path):
-    directory = _write(tmp_path, "qwen2")
+def _named_master_weights(directory: Path, weights: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The engine's master weights (one flat vector per EPS entry) by checkpoint tensor name."""
+    from l2l.models.pretrained import checkpoint_keys
+    stack, keys = checkpoint_keys(str(directory))
+    named = {}
+    for e, flat in enumerate(weights):
+        for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
+            named[key] = flat[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
+    return named
+
+
+def _zero_gradient(key: str, weight: np.ndarray) -> np.ndarray:
+    """The elements of ``key`` whose gradient is zero in exact arithmetic: without rotary
+    positions an attention key bias adds the same ``q . b`` to every logit of a query, which
+    the softmax ignores. Adam turns their rounding-noise gradients into noise-sized updates,
+    different in any two implementations, so they are checked apart (BERT's key bias, the
+    middle third of GPT-2's q, k, v ``c_attn.bias``)."""
+    noise = np.zeros(weight.shape, bool)
+    if key.endswith("key.bias"):
+        noise[:] = True
+    elif key.endswith("c_attn.bias"):
+        d = weight.shape[0] // 3
+        noise[d:2 * d] = True
+    return noise
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-tied", "mistral", "qwen2", "qwen3", "gpt2", "bert"])
+def test_fine_tuning_equals_hugging_face_trained_in_memory(name, tmp_path):
+    """20 steps over 4 micro-batches: every step's loss and every final weight equal Hugging
+    Face's model trained with torch.optim.AdamW on the same batches, a tied embedding tied in
+    both (one tensor in the HF model, one EPS entry in l2l)."""
+    directory = _write(tmp_path, name)
     hyper = dict(lr=1e-3, beta1=0.9, beta2=0.99, adam_eps=1e-8, weight_decay=0.01)
-    cfg = _cfg(directory, **hyper)
-    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).train()
+    cfg = _cfg(directory, micro_batches=4, **hyper)
+    stack = build_stack(cfg.model_config(), cfg.seed)
+    assert len(stack.shared) == (1 if name in TIED else 0)
+    engine = build_engine(cfg, stack, CPU)
+    hf = _hf(name, directory).train()
     opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
     try:
-        for step in range(8):
-            batch = _batch(seed=step)
+        for step in range(20):
+            batch = _batch(seed=step, name=name)
             ours = engine.train_step(batch, step).loss
             opt.zero_grad()
             loss = _hf_loss_sum(hf, batch) / batch.num_targets
             loss.backward()
             opt.step()
             assert ours == pytest.approx(float(loss.detach()), rel=1e-5), step
-        ours = dict(zip(range(4), engine.master_weights()))
+        ours = _named_master_weights(directory, engine.master_weights())
     finally:
         engine.close()
-    stack = build_stack(cfg.model_config(), cfg.seed)
-    params = dict(hf.named_parameters())
-    embed = ours[0][:VOCAB * 64].reshape(VOCAB, 64)  # the pre stage holds the token embedding alone
-    np.testing.assert_allclose(embed, params["model.embed_tokens.weight"].detach().numpy(), rtol=1e-4, atol=1e-6)
-    head = stack.layers[-1].layout
-    lm = next(s for s in head.slots if s.name.endswith("lm_head.weight"))
-    np.testing.assert_allclose(ours[3][lm.offset:lm.offset + lm.numel].reshape(lm.shape),
-                               params["lm_head.weight"].detach().numpy(), rtol=1e-4, atol=1e-6)
+    theirs = {k: p.detach().numpy() for k, p in hf.named_parameters()}  # a tied tensor once, by its first name
+    grads = {k: p.grad.numpy() for k, p in hf.named_parameters()}
+    largest_grad = max(float(np.abs(g).max()) for g in grads.values())
+    assert ours.keys() == theirs.keys()
+    diff = total = 0.0
+    for key, want in theirs.items():
+        noise = _zero_gradient(key, want)
+        diff += float(np.sum((ours[key] - want)[~noise].astype(np.float64) ** 2))
+        total += float(np.sum(want[~noise].astype(np.float64) ** 2))
+        # each tensor on its own too, a little looser (the least-moved tensors differ the most,
+        # relatively): a wrongly mapped or untied tensor is off by far more
+        if not noise.all():
+            err = np.linalg.norm((ours[key] - want)[~noise]) / np.linalg.norm(want[~noise])
+            assert err <= 1e-4, (key, err)
+        if noise.any():  # zero gradients in exact arithmetic: noise both sides, each Adam step <= lr
+            assert np.abs(grads[key][noise]).max() <= 1e-5 * largest_grad, key
+            assert np.abs(ours[key] - want)[noise].max() <= 2 * 20 * 1e-3, key
+    assert (diff / total) ** 0.5 <= 1e-5
+    if name in TIED:
+        embed, head = TIED[name]
+        assert hf.get_parameter(head) is hf.get_parameter(embed)
 
 
 def test_train_from_the_command_line_pretrained_and_random(tmp_path):
@@ -130,6 +199,76 @@ def test_train_from_the_command_line_pretrained_and_random(tmp_path):
     first = [json.loads(line)["loss"] for line in (tmp_path / "pretrained" / "metrics.jsonl").read_text().splitlines()]
     fresh = [json.loads(line)["loss"] for line in (tmp_path / "random" / "metrics.jsonl").read_text().splitlines()]
     assert first != fresh  # the checkpoint's weights, not a fresh init
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_tied_families_train_from_the_command_line(name, tmp_path):
+    """Default options but the shape: both engines agree, two workers feed the tied entry
+    four contributions and agree with one, a resumed run continues the same trajectory,
+    and the OpenCL EPS gives NumPy's bits."""
+    directory = _write(tmp_path, name)
+    flags = ["--model", str(directory), "--seq-len", str(SEQ), "--batch-size", "4", "--micro-batches", "2",
+             "--eval-batches", "1", "--no-plot"]
+    runs = {"l2l": ["--steps", "4"], "plain": ["--steps", "4", "--engine", "plain"],
+            "two": ["--steps", "4", "--devices", "2"], "half": ["--steps", "2"]}
+    if name == "gpt2":  # the FPGA backends never see the pre stage's empty entry; bit for bit as NumPy
+        runs["opencl"] = ["--steps", "4", "--eps", "opencl"]
+    for run, extra in runs.items():
+        r = run_cli("train", *flags, *extra, "--out", str(tmp_path / run))
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{name} from {directory}, 2 blocks" in r.stdout
+    r = run_cli("train", *flags, "--steps", "4", "--resume", "--out", str(tmp_path / "half"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = _losses(tmp_path / "l2l")
+    for run in ("plain", "two"):
+        assert _losses(tmp_path / run) == pytest.approx(want, rel=1e-5), run
+    assert _losses(tmp_path / "half") == want
+    if name == "gpt2":
+        assert _losses(tmp_path / "opencl") == want
+
+
+def test_a_checkpoint_named_by_its_base_model_loads(tmp_path):
+    """GPT-2 as first published: tensors saved from the base model (``h.0...``, no ``transformer.``)."""
+    from safetensors.torch import load_file, save_file
+    directory = _write(tmp_path, "gpt2")
+    tensors = load_file(directory / "model.safetensors")
+    save_file({k.removeprefix("transformer."): v for k, v in tensors.items()}, directory / "model.safetensors")
+    hf = _hf("gpt2", directory).eval()  # transformers reads it too
+    batch = _batch()
+    cfg = _cfg(directory)
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    try:
+        got = engine.evaluate([batch]) * batch.num_targets
+    finally:
+        engine.close()
+    with torch.no_grad():
+        assert got == pytest.approx(float(_hf_loss_sum(hf, batch)), rel=1e-5)
+
+
+def test_a_tied_model_is_audited_and_planned_once(tmp_path):
+    """The device memory the relay books for a tied model equals what it holds, and the
+    planner counts the tied embedding once in the total and in both layers that fetch it."""
+    from l2l.planner import Rates, layer_shapes, predict
+    from l2l.relay.audit import audited
+    directory = _write(tmp_path, "llama-tied")
+    cfg = _cfg(directory)
+    stack = build_stack(cfg.model_config(), cfg.seed)
+    engine = build_engine(cfg, stack, CPU)
+    audit = audited(engine)
+    try:
+        engine.train_step(_batch(), 0)
+    finally:
+        engine.close()
+    assert audit.records and not audit.mismatches()
+    shapes = layer_shapes(cfg)
+    embed = VOCAB * 64
+    assert shapes[0].params == embed and shapes[-1].params == embed + 64  # the final norm, then the head
+    assert predict(cfg, Rates(flops_per_s=1e11)).params == stack.num_params == sum(
+        p.numel() for p in _hf("llama-tied", directory).parameters())
 
 
 def _refused(tmp_path, directory, *needles):
@@ -148,7 +287,7 @@ def test_bad_checkpoints_are_one_line(tmp_path):
     other.mkdir()
     (other / "config.json").write_text(json.dumps({**json.loads((llama / "config.json").read_text()),
                                                    "model_type": "gpt_neox"}))
-    _refused(tmp_path, other, "gpt_neox", "llama, mistral, qwen2, qwen3")
+    _refused(tmp_path, other, "gpt_neox", "llama, mistral, qwen2, qwen3, gpt2, bert")
     # pickle weights are never loaded
     pickled = tmp_path / "pickled"
     pickled.mkdir()
@@ -166,6 +305,8 @@ def test_bad_checkpoints_are_one_line(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, missing / "model.safetensors")
     _refused(tmp_path, missing, "model.layers.1.mlp.up_proj.weight")
+    # learned positions bound the sequence (the default --seq-len, 128, is beyond this GPT-2's 64)
+    _refused(tmp_path, _write(tmp_path, "gpt2"), "--seq-len 128", "64 positions", "n_positions")
 
 
 def test_the_planner_counts_a_model_directory(tmp_path):
@@ -193,9 +334,10 @@ def _trained_run(tmp_path, directory, steps: int) -> Path:
     return out
 
 
-def test_export_after_no_steps_is_the_source_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "bert"])
+def test_export_after_no_steps_is_the_source_bit_for_bit(name, tmp_path):
     from safetensors.torch import load_file
-    directory = _write(tmp_path, "llama-gqa", max_shard_size="40KB")
+    directory = _write(tmp_path, name, **({"max_shard_size": "40KB"} if name == "llama-gqa" else {}))
     run = _trained_run(tmp_path, directory, 0)
     r = run_cli("export", str(run), "--out", str(tmp_path / "exported"))
     assert r.returncode == 0, r.stderr
@@ -204,16 +346,20 @@ def test_export_after_no_steps_is_the_source_bit_for_bit(tmp_path):
         source.update(load_file(shard))
     for shard in (tmp_path / "exported").glob("*.safetensors"):
         exported.update(load_file(shard))
-    assert source.keys() == exported.keys()
+    assert source.keys() == exported.keys()  # a tied tensor once, under the name save_pretrained gives it
     for key, t in source.items():
         assert t.dtype == exported[key].dtype and torch.equal(t, exported[key]), key
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    model, info = _hf(name, tmp_path / "exported", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
+    if name in TIED:
+        embed, head = TIED[name]
+        assert model.get_parameter(head) is model.get_parameter(embed)
 
 
-def test_export_after_training_gives_l2ls_loss_under_transformers(tmp_path):
+@pytest.mark.parametrize("name", ["qwen3", "bert"])
+def test_export_after_training_gives_l2ls_loss_under_transformers(name, tmp_path):
     from l2l.checkpoint import load_latest
-    directory = _write(tmp_path, "qwen3")
+    directory = _write(tmp_path, name)
     run = _trained_run(tmp_path, directory, 3)
     for dtype in ("fp32", "bf16"):
         r = run_cli("export", str(run), "--out", str(tmp_path / dtype), "--dtype", dtype)
@@ -223,15 +369,17 @@ def test_export_after_training_gives_l2ls_loss_under_transformers(tmp_path):
     engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
     try:
         engine.load_state(ck.tensors, ck.meta["engine"])
-        batch = _batch(seed=7)
+        batch = _batch(seed=7, name=name)
         ours = engine.evaluate([batch])
     finally:
         engine.close()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "fp32").eval()
+    hf = _hf(name, tmp_path / "fp32").eval()
     with torch.no_grad():
         theirs = float(_hf_loss_sum(hf, batch)) / batch.num_targets
     assert theirs == pytest.approx(ours, rel=1e-6)
-    half = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert ours != pytest.approx(float(_hf_loss_sum(_hf(name, directory).eval(), batch).detach()) / batch.num_targets,
+                                 rel=1e-4)  # trained: not the source's loss
+    half = _hf(name, tmp_path / "bf16")
     assert next(half.parameters()).dtype == torch.bfloat16
 
 
@@ -324,6 +472,44 @@ def test_jsonl_text_records_and_mixed_or_fieldless_records(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
         assert not (tmp_path / name[:-6]).exists()
+
+
+def _word_tokenizer(directory: Path, corpus: Path, special: dict) -> None:
+    """A word-level tokenizer of the corpus's words into ``directory``, with ``special`` tokens
+    (role -> text) named in its tokenizer_config.json, as BERT-style tokenizers have them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = sorted({w for f in corpus.iterdir() for w in f.read_text().split()})
+    vocab = {t: i for i, t in enumerate(["[UNK]", *special.values(), *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"unk_token": "[UNK]", **special}))
+
+
+def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
+    from l2l.data import BatchSampler, load_corpus
+    from l2l.tokenizer import load_tokenizer
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
+    directory, data = _write(tmp_path, "bert"), _corpus(tmp_path)
+    _word_tokenizer(directory, data, {"sep_token": "[SEP]", "mask_token": "[MASK]"})
+    tok = load_tokenizer(None, str(directory))
+    assert (tok.eos_id, tok.mask_id) == (1, 2)  # documents joined by [SEP]; [MASK] masks
+    corpus = load_corpus(str(data), tokenizer=tok)
+    assert int((corpus.train == 1).sum() + (corpus.val == 1).sum()) == corpus.num_files - 2
+    batch = BatchSampler(corpus.train, SEQ, 64, "mlm", mask_id=tok.mask_id, vocab_size=tok.vocab_size).batch(0)
+    hidden = batch.targets != -100
+    assert (batch.inputs[hidden] == 2).float().mean() > 0.6 and (batch.inputs[~hidden] != 2).all()
+    assert int(batch.inputs.max()) < tok.vocab_size
+    flags = ["--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size", "4",
+             "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot"]
+    r = run_cli("train", *flags, "--out", str(tmp_path / "run"), env={"L2L_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    # a tokenizer with no mask token cannot serve a masked-LM objective: one line
+    _word_tokenizer(directory, data, {"sep_token": "[SEP]"})
+    r = run_cli("train", *flags, "--out", str(tmp_path / "refused"), env={"L2L_CACHE": str(tmp_path / "cache")})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "no mask token" in lines[0], r.stderr
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
