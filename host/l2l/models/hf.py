@@ -4,14 +4,17 @@ The relay sees a model only as pre / blocks / post (see :mod:`.stack`). Here an
 HF model is built *from a config* (no download, no hub access), and its own
 submodules are moved into thin wrappers that follow the stack's calling
 conventions; the HF code still does all the maths. Where each part lives is
-described by a :class:`Recipe`, so another family (a Llama- or GPT-NeoX-style
-decoder, say) is one more recipe, not new wrapper code.
+described by a :class:`Recipe`, so another family (a GPT-NeoX-style decoder,
+say) is one more recipe, not new wrapper code; ``pretrained.py`` names the
+recipe of each ``model_type``.
 
 Departures from stock HF, and why:
 
-* Tied embeddings are untied (``tie_word_embeddings=False``): the relay keeps
-  each layer's weights on their own, so the input embedding (pre) and the
-  output projection (post) cannot share one tensor.
+* The built-in byte-level ``hf-gpt2`` and ``hf-bert`` are built untied
+  (``tie_word_embeddings=False``), as they always were, so their runs stay
+  comparable. A checkpoint's tied embedding (``--model DIR``) stays tied: the
+  one parameter lands in the pre and the post stage, and the stack keeps it as
+  one shared EPS entry (``stack.py``).
 * Attention is ``sdpa`` with no mask: every position is a real token. From
   transformers 5 on, the causal mask is built once at the model level, and a
   block called alone never sees it; with no mask, sdpa falls back to the
