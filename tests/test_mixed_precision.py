@@ -155,7 +155,7 @@ def test_strict_injected_overflow_skips_the_whole_step(corpus):
 
     def poisoned(i, fetched, scale, _step=[0]):
         if i == 2 and _step[0] == 1:
-            fetched.grad[3] = float("inf")
+            fetched.grads[0][3] = float("inf")  # the layer's own entry
         if i == 0:
             _step[0] += 1
         return hand_over(i, fetched, scale)
