@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..hostmem import aligned_empty
+from .cuda_api import TorchCuda
 
 TORCH_DTYPES = {
     np.dtype(np.float32): torch.float32,
@@ -146,21 +147,24 @@ class HostPool:
 class CudaTransport:
     asynchronous = True
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cuda=None) -> None:
+        """``cuda``: what the transport uses of ``torch.cuda`` (:class:`~l2l.relay.cuda_api.TorchCuda`,
+        the default); the tests pass a fake that runs on the CPU."""
         self.device = device
-        self.copy_in = torch.cuda.Stream(device)
-        self.copy_out = torch.cuda.Stream(device)
+        self.cuda = cuda if cuda is not None else TorchCuda()
+        self.copy_in = self.cuda.Stream(device)
+        self.copy_out = self.cuda.Stream(device)
         self._pinned: dict[int, torch.Tensor] = {}
-        self.pool = HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=True))
+        self.pool = HostPool(self.cuda.pinned_empty)
 
-    def _compute(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self.device)
+    def _compute(self):
+        return self.cuda.current_stream(self.device)
 
-    def _waiter(self, done: torch.cuda.Event) -> Callable[[], None]:
+    def _waiter(self, done) -> Callable[[], None]:
         return lambda: self._compute().wait_event(done)
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        t = torch.empty(n, dtype=TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
+        t = self.cuda.pinned_empty((n,), TORCH_DTYPES[np.dtype(dtype)])
         self._pinned[t.data_ptr()] = t
         a = t.view(torch.int16).numpy().view(dtype) if t.dtype == torch.bfloat16 else t.numpy()
         return a
@@ -169,13 +173,13 @@ class CudaTransport:
         t = self._pinned.get(host.ctypes.data)
         return t if t is not None else as_torch(host)
 
-    def _copy_in(self, dst: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event | None = None) -> PendingTensor:
+    def _copy_in(self, dst: torch.Tensor, src: torch.Tensor, after=None) -> PendingTensor:
         self.copy_in.wait_stream(self._compute())  # dst was allocated on the compute stream
         if after is not None:
             self.copy_in.wait_event(after)
-        with torch.cuda.stream(self.copy_in):
-            dst.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
+        with self.cuda.stream(self.copy_in):
+            self.cuda.copy_(dst, src)
+            done = self.cuda.Event()
             done.record(self.copy_in)
         return PendingTensor(dst, self._waiter(done), done.synchronize)
 
@@ -186,12 +190,12 @@ class CudaTransport:
     def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
         return torch.zeros(inbox.shape[0], dtype=TORCH_DTYPES[inbox.dtype], device=self.device)
 
-    def _copy_out(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
+    def _copy_out(self, dst: torch.Tensor, src: torch.Tensor):
         self.copy_out.wait_stream(self._compute())
-        with torch.cuda.stream(self.copy_out):
-            dst.copy_(src, non_blocking=True)
-            src.record_stream(self.copy_out)  # the allocator keeps src until the copy is done
-            done = torch.cuda.Event()
+        with self.cuda.stream(self.copy_out):
+            self.cuda.copy_(dst, src)
+            self.cuda.record_stream(src, self.copy_out)  # the allocator keeps src until the copy is done
+            done = self.cuda.Event()
             done.record(self.copy_out)
         return done
 
