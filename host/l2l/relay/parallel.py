@@ -27,6 +27,7 @@ from ..eps import EagerParamServer
 from ..models import LayerStack
 from ..engine import StepResult
 from .engine import RelayEngine, commit_held_step
+from .transport import make_transports
 
 
 class DataParallelRelay:
@@ -44,13 +45,15 @@ class DataParallelRelay:
         if micro_batches % k:
             raise ValueError(f"{micro_batches} micro-batches do not split over {k} workers")
         per = micro_batches // k
+        if transports is None:
+            transports = make_transports(devices)  # on CUDA, one pinned registry for the EPS's arrays
         rng_lock = threading.Lock() if dropout and any(d.type == "cpu" for d in devices) and k > 1 else None
         self.eps = eps
         self.overflow = overflow
         self.clip_grad_norm = clip_grad_norm
         self.workers = [
             RelayEngine(stack, eps, device, micro_batches=per, stash=stash, seed=seed,
-                        transport=None if transports is None else transports[i], precision=precision,
+                        transport=transports[i], precision=precision,
                         overflow=overflow, clip_grad_norm=clip_grad_norm, contributor=i,
                         micro_batch_offset=micro_batch_offset + i * per, owns_step=False, rng_lock=rng_lock)
             for i, (stack, device) in enumerate(zip(stacks, devices))]

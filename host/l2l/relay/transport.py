@@ -30,6 +30,7 @@ import torch
 
 from ..hostmem import aligned_empty
 from .cuda_api import TorchCuda
+from .pinned import PinnedRegistry
 
 TORCH_DTYPES = {
     np.dtype(np.float32): torch.float32,
@@ -147,14 +148,15 @@ class HostPool:
 class CudaTransport:
     asynchronous = True
 
-    def __init__(self, device: torch.device, cuda=None) -> None:
+    def __init__(self, device: torch.device, cuda=None, pinned: PinnedRegistry | None = None) -> None:
         """``cuda``: what the transport uses of ``torch.cuda`` (:class:`~l2l.relay.cuda_api.TorchCuda`,
-        the default); the tests pass a fake that runs on the CPU."""
+        the default); the tests pass a fake that runs on the CPU. ``pinned``: the registry of
+        pinned host allocations, shared by the transports of one EPS's workers."""
         self.device = device
         self.cuda = cuda if cuda is not None else TorchCuda()
         self.copy_in = self.cuda.Stream(device)
         self.copy_out = self.cuda.Stream(device)
-        self._pinned: dict[int, torch.Tensor] = {}
+        self.pinned = pinned if pinned is not None else PinnedRegistry()
         self.pool = HostPool(self.cuda.pinned_empty)
 
     def _compute(self):
@@ -165,13 +167,13 @@ class CudaTransport:
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
         t = self.cuda.pinned_empty((n,), TORCH_DTYPES[np.dtype(dtype)])
-        self._pinned[t.data_ptr()] = t
-        a = t.view(torch.int16).numpy().view(dtype) if t.dtype == torch.bfloat16 else t.numpy()
-        return a
+        self.pinned.add(t)
+        return t.view(torch.int16).numpy().view(dtype) if t.dtype == torch.bfloat16 else t.numpy()
 
     def _pinned_tensor(self, host: np.ndarray) -> torch.Tensor:
-        t = self._pinned.get(host.ctypes.data)
-        return t if t is not None else as_torch(host)
+        """The pinned tensor under ``host`` (a view into one of ``host_alloc``'s allocations);
+        an error for any other memory (see ``relay/pinned.py``)."""
+        return self.pinned.bytes_of(host).view(TORCH_DTYPES[host.dtype]).view(host.shape)
 
     def _copy_in(self, dst: torch.Tensor, src: torch.Tensor, after=None) -> PendingTensor:
         self.copy_in.wait_stream(self._compute())  # dst was allocated on the compute stream
@@ -216,6 +218,13 @@ class CudaTransport:
         self.pool.give(s.host, pending.host_wait)
 
 
-def make_transport(device: torch.device):
+def make_transport(device: torch.device, pinned: PinnedRegistry | None = None):
     """CUDA streams on a GPU, zero-copy on the CPU."""
-    return CudaTransport(device) if device.type == "cuda" else CpuTransport(device)
+    return CudaTransport(device, pinned=pinned) if device.type == "cuda" else CpuTransport(device)
+
+
+def make_transports(devices: list[torch.device]) -> list:
+    """One transport per data-parallel worker; on CUDA they share one pinned registry, since the
+    EPS allocates its host arrays once (through the first) and every worker reads them."""
+    pinned = PinnedRegistry()
+    return [make_transport(d, pinned) for d in devices]
