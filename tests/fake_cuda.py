@@ -20,8 +20,8 @@ are CPU tensors; what is faked is *time*.
   as the caching allocator would keep the block). A storage that died before
   its copy ran is memory the allocator could have handed to someone else: a
   use-after-free, recorded in ``errors`` (and the destination poisoned with
-  NaN). So is a source overwritten between the copy's enqueue and its run
-  (a buffer reused while a copy still had to read it).
+  NaN). So is a source overwritten between the moment the copy may start and
+  its run (a buffer reused while a copy still had to read it).
 * ``run(stream)`` is the other adversary: it runs a stream's queue *now*, as
   early as its waits allow (forcing what they wait on), for write-after-read
   hazards that late execution hides.
@@ -54,8 +54,7 @@ class _Mem:
         kept = stream.recorded.get(id(storage))
         self.strong = storage if kept is not None and kept() is storage else None
         self.geometry = (t.dtype, t.storage_offset(), t.size(), t.stride())
-        self.tensor = weakref.ref(t)  # for its version counter only
-        self.version = t._version
+        self.snapshot: torch.Tensor | None = None  # the bytes when the copy may start (sources)
 
     def keep(self) -> None:
         self.strong = self.weak()
@@ -68,26 +67,38 @@ class _Mem:
         dtype, offset, size, stride = self.geometry
         return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
 
+    def take_snapshot(self) -> None:
+        view = self.view()
+        if view is not None:
+            self.snapshot = _bytes(view).clone()
+
     def overwritten(self) -> bool:
-        t = self.tensor()
-        return t is not None and t._version != self.version
+        """The bytes changed since the snapshot (whoever wrote them: torch, numpy, another copy)."""
+        view = self.view()
+        return self.snapshot is not None and view is not None and not torch.equal(_bytes(view), self.snapshot)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
 
 
 class _Copy:
     def __init__(self, stream: "FakeStream", dst: torch.Tensor, src: torch.Tensor) -> None:
         self.stream = stream
         self.dst, self.src = _Mem(dst, stream), _Mem(src, stream)
-        self.poisoned = False
+        self.started = False
         self.info = (stream.label, dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size())
 
     def refs(self) -> tuple[_Mem, _Mem]:
         return self.dst, self.src
 
-    def poison(self) -> None:
-        """The GPU may start writing the destination now: it reads as NaN until the copy runs."""
-        if self.poisoned:
+    def ready(self) -> None:
+        """The GPU may start this copy now (the waits ahead of it are satisfied): the destination
+        reads as NaN until the copy runs, and the source must keep its contents until then."""
+        if self.started:
             return
-        self.poisoned = True
+        self.started = True
+        self.src.take_snapshot()
         dst = self.dst.view()
         if dst is not None and dst.is_floating_point():
             dst.fill_(float("nan"))
@@ -274,9 +285,9 @@ class FakeCuda:
     def _enqueue(self, stream: FakeStream, op) -> None:
         stream.queue.append(op)
         stream.issued += 1
-        self._poison_ready(stream)
+        self._mark_ready(stream)
 
-    def _poison_ready(self, stream: FakeStream) -> None:
+    def _mark_ready(self, stream: FakeStream) -> None:
         """Poison the destinations of the copies the GPU could be running now: those with
         no unsatisfied wait ahead of them on their stream."""
         for op in stream.queue:
@@ -284,7 +295,7 @@ class FakeCuda:
                 if not op.satisfied():
                     return
             else:
-                op.poison()
+                op.ready()
 
     def _flush(self, stream: FakeStream, position: int, forced_by: str | None = None) -> None:
         outer = self._flushing is None
@@ -292,21 +303,22 @@ class FakeCuda:
             self._flushing = []
         try:
             while stream.done < position:
-                op = stream.queue.pop(0)
+                op = stream.queue[0]  # stays queued while it runs: a wait still blocks what follows it
                 if isinstance(op, _Copy):
-                    op.poison()
+                    op.ready()
                     op.run(self)
                     self._flushing.append(op.info)
                 else:
                     op.run(self)
+                stream.queue.pop(0)
                 stream.done += 1
+                for s in self.streams:  # what this op unblocked may start now
+                    self._mark_ready(s)
         finally:
             if outer:
                 ran, self._flushing = self._flushing, None
                 if ran:
                     self.flushes.append((forced_by or "wait", ran))
-                for s in self.streams:
-                    self._poison_ready(s)
 
     # ------------------------------------------------------------ reading the counters
     def compute_waits(self) -> int:

@@ -65,25 +65,56 @@ def _gradient_pushes(workers: int) -> int:
     return workers * sum(len(stack.parts(i)) for i in range(len(stack.layers)))
 
 
+def _mismatches(corpus, workers: int, stash: str, precision: str, fake: FakeCuda, steps: int = STEPS) -> list[str]:
+    """What the harness finds wrong with training through ``fake`` against the CPU transport."""
+    ref_losses, ref_weights = _train(_build(workers, stash, precision, None), corpus, steps)
+    per_step: list[int] = []
+    losses, weights = _train(_build(workers, stash, precision, fake), corpus, steps, fake=fake, per_step=per_step)
+    found = list(fake.errors)
+    if losses != ref_losses:
+        found.append(f"losses {losses} != {ref_losses}")
+    found += [f"master weights of entry {e} differ" for e, (a, b) in enumerate(zip(ref_weights, weights))
+              if not np.array_equal(a, b)]
+    if fake.pending():
+        found.append(f"{fake.pending()} operations still queued after the run")
+    # The relay's threads never block on the GPU: every wait of theirs is a stream wait.
+    if per_step != [0] * steps:
+        found.append(f"CPU-blocking waits on the relay's threads per step: {per_step}")
+    # The only CPU waits are the EPS worker's: one per gradient it reads from its pinned inbox.
+    eps_waits = sum(n for name, n in fake.cpu_waits.items() if name.startswith("eps-update"))
+    if eps_waits > steps * _gradient_pushes(workers):
+        found.append(f"EPS worker waits {eps_waits} > {steps * _gradient_pushes(workers)}")
+    if sum(fake.spin_waits.values()):
+        found.append(f"CPU spinning on non-blocking events: {dict(fake.spin_waits)}")
+    return found
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("stash", ["device", "host"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_fake_cuda_equals_cpu_transport(corpus, workers, stash, precision):
-    ref_losses, ref_weights = _train(_build(workers, stash, precision, None), corpus)
+    """Bit for bit (losses, master weights), no use-after-free, no CPU wait on the relay's
+    threads, at most one CPU wait per gradient on the EPS worker, none of them spinning."""
     fake = FakeCuda()
-    per_step: list[int] = []
-    losses, weights = _train(_build(workers, stash, precision, fake), corpus, fake=fake, per_step=per_step)
-    assert fake.errors == []
-    assert losses == ref_losses
-    for a, b in zip(ref_weights, weights):
-        np.testing.assert_array_equal(a, b)
-    assert fake.copies > 0 and fake.pending() == 0
-    # The relay's threads never block on the GPU: every wait is a stream wait. The only CPU
-    # waits are the EPS worker's, one per gradient it reads from its pinned inbox.
-    assert per_step == [0] * STEPS, per_step
-    eps_waits = sum(n for name, n in fake.cpu_waits.items() if name.startswith("eps-update"))
-    assert eps_waits <= STEPS * _gradient_pushes(workers), fake.cpu_waits
-    assert sum(fake.spin_waits.values()) == 0, fake.spin_waits  # a CPU that waits sleeps
+    assert _mismatches(corpus, workers, stash, precision, fake) == []
+    assert fake.copies > 0
+
+
+def test_harness_catches_a_missing_stream_wait(corpus, monkeypatch):
+    """The compute stream no longer waits for the weights' copy: it reads NaN, and the harness fails."""
+    monkeypatch.setattr(CudaTransport, "_waiter", lambda self, done: (lambda: None))
+    found = _mismatches(corpus, 1, "device", "fp32", FakeCuda(), steps=1)
+    assert any("losses" in f for f in found), found
+
+
+def test_harness_catches_a_missing_record_stream(corpus):
+    """Without record_stream a stashed activation dropped by the relay is freed under its queued
+    copy out: the fake reports the use-after-free (and the poisoned stash changes the loss)."""
+    fake = FakeCuda()
+    fake.record_stream = lambda t, stream: None
+    found = _mismatches(corpus, 1, "host", "fp32", fake, steps=1)
+    assert any("use after free: the source" in f for f in found), found
+    assert any("losses" in f for f in found), found
 
 
 # ----------------------------------------------------------------- pinned memory
@@ -116,3 +147,94 @@ def test_pageable_memory_is_an_error():
     inside = t.host_alloc(8, np.float32)
     with pytest.raises(ValueError, match="not in pinned memory"):  # runs past the allocation's end
         t.upload(np.lib.stride_tricks.as_strided(inside[4:], shape=(8,)))
+
+
+# ----------------------------------------------------------------- ordering and allocator safety
+
+def _fill(t: CudaTransport, values: list[float]) -> np.ndarray:
+    host = t.host_alloc(len(values), np.float32)
+    host[:] = values
+    return host
+
+
+def test_dropped_copies_keep_their_memory():
+    """A copy-in whose result is dropped before it ran (an error path, a prefetch never used)
+    keeps its device destination alive (record_stream), and so does a copy out its source."""
+    fake = FakeCuda()
+    t = CudaTransport(CPU, cuda=fake)
+    pending = t.upload(_fill(t, [1.0, 2.0]))
+    del pending
+    stashed = t.to_host(torch.ones(3))  # the tensor is dropped at once, like the relay's activations
+    back = t.to_device(stashed)
+    del back
+    t.download_gradient(torch.ones(2), t.host_alloc(2, np.float32))
+    fake.synchronize()
+    assert fake.errors == []
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_reused_stash_buffer_is_ordered_on_the_gpu(monkeypatch, ordered):
+    """A host buffer given back while its copy back may not have run is reused after it by a
+    stream wait, not a CPU wait: even when the copy out into it runs as early as allowed, the
+    copy back reads the old contents. ``ordered=False`` removes that wait: the fake sees the
+    buffer rewritten under the queued copy."""
+    fake = FakeCuda()
+    t = CudaTransport(CPU, cuda=fake)
+    if not ordered:
+        take = t.pool.take
+        monkeypatch.setattr(t.pool, "take", lambda shape, dtype: (take(shape, dtype)[0], None))
+    first = t.to_host(torch.full((4,), 1.0))
+    back = t.to_device(first)
+    t.release(first, back)  # as the stash does: given back before the copy back is waited on
+    second = t.to_host(torch.full((4,), 2.0))
+    assert second.host is first.host
+    fake.run(t.stash_out)  # the adversary: the copy out into the reused buffer runs now
+    values = back.wait().tolist()
+    assert fake.compute_waits() == 0  # the reuse cost the CPU nothing
+    if ordered:
+        assert values == [1.0] * 4 and fake.errors == []
+        assert t.to_device(second).wait().tolist() == [2.0] * 4
+    else:
+        assert any("overwritten source" in e for e in fake.errors), fake.errors
+
+
+def test_cpu_waits_are_blocking_events():
+    """The EPS worker waits on the CPU for a gradient's copy out: on a blocking event (it sleeps)."""
+    fake = FakeCuda()
+    t = CudaTransport(CPU, cuda=fake)
+    inbox = t.host_alloc(3, np.float32)
+    t.download_gradient(torch.full((3,), 5.0), inbox)()
+    assert inbox.tolist() == [5.0] * 3
+    assert sum(fake.cpu_waits.values()) == 1 and sum(fake.spin_waits.values()) == 0
+
+
+def _copy_kinds(engine, fake: FakeCuda):
+    """Each forced flush's copies by kind: weights (from an EPS copy), gradient (into an inbox), stash."""
+    eps = engine.eps
+    ranges = {"weights": [eps.fetch(e) for e in eps.layers],
+              "gradient": [eps.gradient_inbox(e, k) for e in eps.layers for k in range(eps.contributors_of(e))]}
+
+    def kind(info):
+        _, dst, src, _ = info
+        for name, ptr in (("weights", src), ("gradient", dst)):
+            if any(a.ctypes.data <= ptr < a.ctypes.data + a.nbytes for a in ranges[name] if a.nbytes):
+                return name
+        return "stash"
+
+    return [(forced_by, [kind(op) for op in ops]) for forced_by, ops in fake.flushes]
+
+
+def test_stash_never_waits_behind_weights(corpus):
+    """A stashed activation brought back ahead of its use does not queue behind the next layer's
+    whole weights: no forced flush that runs a stash copy runs a weights copy."""
+    fake = FakeCuda()
+    engine = _build(1, "host", "fp32", fake)
+    sampler = sampler_for(corpus, CFG, batch_size=4)
+    try:
+        engine.train_step(sampler.batch(0), 0)
+        flushes = _copy_kinds(engine, fake)
+    finally:
+        engine.close()
+    mixed = [f for f in flushes if "stash" in f[1] and "weights" in f[1]]
+    assert any("stash" in kinds for _, kinds in flushes)
+    assert mixed == [], mixed[:3]
