@@ -238,3 +238,44 @@ def test_stash_never_waits_behind_weights(corpus):
     mixed = [f for f in flushes if "stash" in f[1] and "weights" in f[1]]
     assert any("stash" in kinds for _, kinds in flushes)
     assert mixed == [], mixed[:3]
+
+
+# ----------------------------------------------------------------- threads and generators
+
+def test_data_parallel_workers_select_their_device(corpus):
+    """Each worker thread runs its step with its device current (torch.cuda.device(d)), not on GPU 0."""
+    fake = FakeCuda()
+    engine = _build(2, "device", "fp32", fake)
+    sampler = sampler_for(corpus, CFG, batch_size=4)
+    try:
+        for step in range(2):
+            engine.train_step(sampler.batch(step), step)
+    finally:
+        engine.close()
+    assert len(fake.device_scopes) == 2 * 2, fake.device_scopes
+    assert all(name.startswith("l2l-worker") and device == CPU for name, device in fake.device_scopes)
+
+
+def test_replay_rng_on_cuda_forks_only_the_device_generator(monkeypatch):
+    """On CUDA the scope reseeds and restores the device's generator and never touches the
+    CPU generator (fork_rng saved and restored it on every micro-batch)."""
+    from l2l.relay import rng
+
+    device_gen = torch.Generator().manual_seed(123)  # stands for cuda:1's generator
+    gens = (torch.Generator(), device_gen)
+    monkeypatch.setattr(torch.cuda, "default_generators", gens, raising=False)
+    # what fork_rng(device_type="cuda") calls, on the stand-in generators
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=0: gens[int(device)].get_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device=0: gens[int(device)].set_state(state))
+    cpu_calls = []
+    for name in ("get_rng_state", "set_rng_state"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _real=real, _name=name: (cpu_calls.append(_name), _real(*a))[1])
+    before = device_gen.get_state()
+    with rng.replay_rng(torch.device("cuda", 1), 7):
+        first = torch.rand(3, generator=device_gen)
+    with rng.replay_rng(torch.device("cuda", 1), 7):
+        again = torch.rand(3, generator=device_gen)
+    assert torch.equal(first, again)
+    assert torch.equal(device_gen.get_state(), before)
+    assert cpu_calls == []
