@@ -63,15 +63,15 @@ class ThreadedTransport:
         return self.copy_out.submit(self._copy, "gradient", as_torch(inbox), grad).result
 
     def to_host(self, t: torch.Tensor) -> StashedTensor:
-        host = self.pool.take(t.shape, t.dtype)
-        return StashedTensor(host, written=self.copy_out.submit(self._copy, "stash_out", host, t).result)
+        host, reused_after = self.pool.take(t.shape, t.dtype)  # the copy thread waits, not the compute thread
+        return StashedTensor(host, written=self.copy_out.submit(self._copy, "stash_out", host, t, reused_after).result)
 
     def to_device(self, s: StashedTensor) -> PendingTensor:
         dst = torch.empty_like(s.host)
         return PendingTensor(dst, self.copy_in.submit(self._copy, "stash_in", dst, s.host, s.wait_written).result)
 
     def release(self, s: StashedTensor, pending: PendingTensor) -> None:
-        self.pool.give(s.host, pending.host_wait)
+        self.pool.give(s.host, pending.done)
 
     def close(self) -> None:
         self.copy_in.shutdown(wait=True)

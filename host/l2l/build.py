@@ -13,7 +13,7 @@ from .errors import UserError
 from .models import LayerStack, build_stack
 from .relay.engine import RelayEngine
 from .relay.parallel import DataParallelRelay
-from .relay.transport import make_transport
+from .relay.transport import make_transports
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,7 +42,7 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
                            precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm,
                            micro_batches=cfg.micro_batches if cfg.accumulate else 1)
     devices = worker_devices(device, cfg.devices)
-    transports = [make_transport(d) for d in devices]
+    transports = make_transports(devices)
     eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
                            copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
                            host_alloc=transports[0].host_alloc,

@@ -31,7 +31,7 @@ working set:
   are counted where the relay holds them (the fetched layer), not through the
   EPS.
 * the ledger (``engine.ledger``): the thing under test is never read.
-* the transport's host-side pools (``transport.pool``, ``transport._pinned``):
+* the transport's host-side pools (``transport.pool``, ``transport.pinned``):
   reusable host staging buffers for the host stash and for pinned uploads.
 * with stash policy ``host``, the store's stored items
   (:attr:`BoundaryStore.host_side`): host copies, booked as ``host_stash``.
@@ -66,7 +66,7 @@ def _stops(engine) -> set[int]:
     """ids of the objects the walk does not enter (see the module docstring)."""
     stops = [engine.stack, engine.layers, *engine.layers, engine.bindings, *engine.bindings,
              engine.eps, engine.ledger]
-    for name in ("pool", "_pinned"):
+    for name in ("pool", "pinned"):
         stops.append(getattr(engine.transport, name, None))
     store = getattr(engine, "_store", None)
     if store is not None:

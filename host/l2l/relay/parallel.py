@@ -10,7 +10,8 @@ the EPS, which reduces the K contributions in contract order (k = 0, 1, ...),
 updates once, and every worker then fetches the same weights. There is no
 all-reduce between the devices: the EPS is where gradients meet.
 
-The workers are threads: torch releases the GIL inside its kernels. On the CPU
+The workers are threads: torch releases the GIL inside its kernels; each runs
+its step with its own GPU current (through its transport's ``device_scope``). On the CPU
 device they share torch's single CPU generator, so with dropout they take
 turns while drawing masks (``rng_lock``); GPUs each have their own.
 """
@@ -27,6 +28,7 @@ from ..eps import EagerParamServer
 from ..models import LayerStack
 from ..engine import StepResult
 from .engine import RelayEngine, commit_held_step
+from .transport import make_transports
 
 
 class DataParallelRelay:
@@ -44,13 +46,15 @@ class DataParallelRelay:
         if micro_batches % k:
             raise ValueError(f"{micro_batches} micro-batches do not split over {k} workers")
         per = micro_batches // k
+        if transports is None:
+            transports = make_transports(devices)  # on CUDA, one pinned registry for the EPS's arrays
         rng_lock = threading.Lock() if dropout and any(d.type == "cpu" for d in devices) and k > 1 else None
         self.eps = eps
         self.overflow = overflow
         self.clip_grad_norm = clip_grad_norm
         self.workers = [
             RelayEngine(stack, eps, device, micro_batches=per, stash=stash, seed=seed,
-                        transport=None if transports is None else transports[i], precision=precision,
+                        transport=transports[i], precision=precision,
                         overflow=overflow, clip_grad_norm=clip_grad_norm, contributor=i,
                         micro_batch_offset=micro_batch_offset + i * per, owns_step=False, rng_lock=rng_lock)
             for i, (stack, device) in enumerate(zip(stacks, devices))]
@@ -71,7 +75,7 @@ class DataParallelRelay:
         if strict:
             self.eps.synchronize()
             self.eps.hold()
-        futures = [self._pool.submit(w.train_step, shard, step, global_targets=targets)
+        futures = [self._pool.submit(_on_device, w, w.train_step, shard, step, global_targets=targets)
                    for w, shard in zip(self.workers, shards)]
         results, errors = [], []
         for f in futures:
@@ -124,3 +128,13 @@ class DataParallelRelay:
         for w in self.workers:
             if hasattr(w.transport, "close"):
                 w.transport.close()
+
+
+def _on_device(worker: RelayEngine, fn, *args, **kwargs):
+    """Run ``fn`` on a pool thread with the worker's device current (a thread starts on GPU 0,
+    where the kernels, cuBLAS handles and random generator it reaches for by default live)."""
+    scope = getattr(worker.transport, "device_scope", None)
+    if scope is None:  # a transport with no device to select (the CPU's, copy threads)
+        return fn(*args, **kwargs)
+    with scope():
+        return fn(*args, **kwargs)

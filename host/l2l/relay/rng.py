@@ -22,11 +22,21 @@ def derive_seed(base: int, *key: int) -> int:
 
 @contextmanager
 def replay_rng(device: torch.device, seed: int) -> Iterator[None]:
+    """Draw from a generator seeded with ``seed``, then put the generator back as it was.
+
+    On CUDA only the device's generator is saved, seeded and restored: dropout on
+    the GPU draws from it alone, and ``torch.random.fork_rng`` would also save and
+    restore the CPU generator on every micro-batch of every layer for nothing.
+    """
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        with torch.random.fork_rng(devices=[index], device_type="cuda"):
-            torch.cuda.default_generators[index].manual_seed(seed)
+        generator = torch.cuda.default_generators[index]
+        state = generator.get_state()
+        generator.manual_seed(seed)
+        try:
             yield
+        finally:
+            generator.set_state(state)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)

@@ -6,14 +6,21 @@ and :class:`~l2l.relay.stash.BoundaryStore` call):
 * :class:`CpuTransport` -- the CPU device: host and device memory are one, so
   a "transfer" hands the EPS's buffer to torch without a copy.
 * :class:`CudaTransport` -- L2L-p on a GPU: weights in on a copy-in stream
-  (the next layer's arrive while the current one computes), gradients and
-  stashed activations out on a copy-out stream, stashed activations back in on
-  the copy-in stream ahead of their use, all ordered by CUDA events; pinned
-  host buffers come from a pool and are reused, not allocated per step.
+  (the next layer's arrive while the current one computes), gradients out on a
+  copy-out stream, stashed activations out and back in (ahead of their use) on
+  two streams of their own, all ordered by CUDA events; pinned host buffers
+  come from a pool and are reused, not allocated per step.
 
-The tests drive the CUDA transport's pipeline on the CPU with real copies on
-threads (``tests/threaded_transport.py``), so its overlap and ordering are
-tested where no GPU is.
+The seam: :class:`CudaTransport` takes what it uses of ``torch.cuda`` -- streams,
+events, the stream context, the device context, pinned allocation, the
+asynchronous copy and ``record_stream`` -- as one object, ``cuda``
+(:class:`~l2l.relay.cuda_api.TorchCuda` by default, which is ``torch.cuda``
+itself). The tests hand it a deferred fake (``tests/fake_cuda.py``) that runs
+each side-stream copy as late as CUDA allows, poisons destinations until their
+copy runs and catches memory freed or rewritten under a queued copy, so the
+transport's CUDA code runs, and its ordering is checked, where no GPU is. They
+also drive the same pipeline with real copies on threads
+(``tests/threaded_transport.py``) to see its overlap.
 
 Every asynchronous result is a :class:`PendingTensor` whose ``wait()`` orders
 the consumer after the copy (a stream wait on CUDA, a join on the CPU).
@@ -29,6 +36,8 @@ import numpy as np
 import torch
 
 from ..hostmem import aligned_empty
+from .cuda_api import TorchCuda
+from .pinned import PinnedRegistry
 
 TORCH_DTYPES = {
     np.dtype(np.float32): torch.float32,
@@ -48,14 +57,16 @@ class PendingTensor:
     """A device tensor whose producing copy may still be in flight.
 
     ``wait()`` orders the consumer (the compute stream, or the compute thread)
-    after the copy; ``host_wait`` blocks the host until the copy is done, for
-    reusing its source buffer.
+    after the copy. ``done`` is what orders a later reuse of the copy's source
+    buffer after it (:class:`HostPool`): the copy's CUDA event, which the
+    reusing stream waits on (the CPU does not), or a callable that blocks until
+    the copy has run (copy threads); by default ``wait``.
     """
 
     def __init__(self, tensor: torch.Tensor, wait: Callable[[], object] | None = None,
-                 host_wait: Callable[[], object] | None = None) -> None:
+                 done: object | None = None) -> None:
         self._tensor, self._wait = tensor, wait
-        self.host_wait = host_wait or wait
+        self.done = done if done is not None else wait
 
     def wait(self) -> torch.Tensor:
         if self._wait is not None:
@@ -115,103 +126,143 @@ class HostPool:
     """Host buffers for stashed activations, by (shape, dtype), reused across steps.
 
     ``make`` allocates (pinned memory on CUDA: slow to allocate, so never per
-    step). A buffer returns to the pool with the wait that says its last copy
-    out of it is done; it is reused only after that wait.
+    step). A buffer returns to the pool with what says its last copy out of it
+    is done (:attr:`PendingTensor.done`), and :meth:`take` hands that back with
+    the buffer: the caller orders its write into the buffer after it -- on
+    CUDA the stream that writes waits on the event, so neither the pool nor the
+    CPU ever blocks on the GPU.
     """
 
     def __init__(self, make: Callable[[tuple, torch.dtype], torch.Tensor]) -> None:
         self._make = make
-        self._free: dict[tuple, list[tuple[torch.Tensor, Callable[[], object] | None]]] = defaultdict(list)
+        self._free: dict[tuple, list[tuple[torch.Tensor, object | None]]] = defaultdict(list)
         self._lock = threading.Lock()
         self.allocated = 0  # buffers ever made: flat after the first step
 
-    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    def take(self, shape: torch.Size, dtype: torch.dtype) -> tuple[torch.Tensor, object | None]:
+        """A buffer, and what a write into it must come after (None for a new buffer)."""
         key = (tuple(shape), dtype)
         with self._lock:
             free = self._free[key]
             item = free.pop() if free else None
         if item is None:
             self.allocated += 1
-            return self._make(tuple(shape), dtype)
-        buf, done = item
-        if done is not None:
-            done()
-        return buf
+            return self._make(tuple(shape), dtype), None
+        return item
 
-    def give(self, buf: torch.Tensor, done: Callable[[], object] | None) -> None:
+    def give(self, buf: torch.Tensor, done: object | None) -> None:
         with self._lock:
             self._free[(tuple(buf.shape), buf.dtype)].append((buf, done))
 
 
 class CudaTransport:
+    """The transport on a GPU: four side streams, all ordered by events, none by the CPU.
+
+    ``copy_in`` brings weights, ``copy_out`` takes gradients away, ``stash_out`` and
+    ``stash_in`` move stashed activations. The stash has streams of its own so that a
+    stashed tensor brought back ahead of its use never queues behind the next layer's
+    whole weights (nor its copy out behind a gradient): a stream runs in order.
+
+    Allocator safety: a device tensor a side stream reads or writes was allocated on the
+    compute stream, so every copy is (1) queued after the compute stream's work so far
+    (the producer of its source, the last user of its destination's memory) and (2)
+    ``record_stream``-ed on its side stream, so the caching allocator does not hand the
+    block out again before the copy has run even when the tensor is dropped first.
+    Host buffers are the EPS's arrays and the pool's, which outlive the copies.
+
+    The CPU waits on a copy only where it has to read the host result: the EPS worker
+    before it reduces a gradient. Those events are blocking (the CPU sleeps, not spins);
+    every other event is waited on by a stream.
+    """
+
     asynchronous = True
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cuda=None, pinned: PinnedRegistry | None = None) -> None:
+        """``cuda``: what the transport uses of ``torch.cuda`` (:class:`~l2l.relay.cuda_api.TorchCuda`,
+        the default); the tests pass a fake that runs on the CPU. ``pinned``: the registry of
+        pinned host allocations, shared by the transports of one EPS's workers."""
         self.device = device
-        self.copy_in = torch.cuda.Stream(device)
-        self.copy_out = torch.cuda.Stream(device)
-        self._pinned: dict[int, torch.Tensor] = {}
-        self.pool = HostPool(lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=True))
+        self.cuda = cuda if cuda is not None else TorchCuda()
+        self.copy_in = self.cuda.Stream(device)
+        self.copy_out = self.cuda.Stream(device)
+        self.stash_in = self.cuda.Stream(device)
+        self.stash_out = self.cuda.Stream(device)
+        self.pinned = pinned if pinned is not None else PinnedRegistry()
+        self.pool = HostPool(self.cuda.pinned_empty)
 
-    def _compute(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self.device)
+    def device_scope(self):
+        """Context for a thread that runs the relay on this device: it makes the device current
+        (a data-parallel worker thread starts on device 0)."""
+        return self.cuda.device(self.device)
 
-    def _waiter(self, done: torch.cuda.Event) -> Callable[[], None]:
+    def _compute(self):
+        return self.cuda.current_stream(self.device)
+
+    def _waiter(self, done) -> Callable[[], None]:
         return lambda: self._compute().wait_event(done)
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
-        t = torch.empty(n, dtype=TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
-        self._pinned[t.data_ptr()] = t
-        a = t.view(torch.int16).numpy().view(dtype) if t.dtype == torch.bfloat16 else t.numpy()
-        return a
+        t = self.cuda.pinned_empty((n,), TORCH_DTYPES[np.dtype(dtype)])
+        self.pinned.add(t)
+        return t.view(torch.int16).numpy().view(dtype) if t.dtype == torch.bfloat16 else t.numpy()
 
     def _pinned_tensor(self, host: np.ndarray) -> torch.Tensor:
-        t = self._pinned.get(host.ctypes.data)
-        return t if t is not None else as_torch(host)
+        """The pinned tensor under ``host`` (a view into one of ``host_alloc``'s allocations);
+        an error for any other memory (see ``relay/pinned.py``)."""
+        return self.pinned.bytes_of(host).view(TORCH_DTYPES[host.dtype]).view(host.shape)
 
-    def _copy_in(self, dst: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event | None = None) -> PendingTensor:
-        self.copy_in.wait_stream(self._compute())  # dst was allocated on the compute stream
-        if after is not None:
-            self.copy_in.wait_event(after)
-        with torch.cuda.stream(self.copy_in):
-            dst.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.copy_in)
-        return PendingTensor(dst, self._waiter(done), done.synchronize)
+    def _copy(self, stream, dst: torch.Tensor, src: torch.Tensor, device_side: torch.Tensor, *,
+              after=(), blocking: bool = False):
+        """``dst <- src`` on ``stream`` after the compute stream's work so far and the events
+        ``after``; ``device_side`` (the one of the two on the device) is kept by the allocator
+        until the copy has run. Returns the copy's event."""
+        stream.wait_stream(self._compute())
+        for event in after:
+            if event is not None:
+                stream.wait_event(event)
+        with self.cuda.stream(stream):
+            self.cuda.copy_(dst, src)
+            done = self.cuda.Event(blocking=blocking)
+            done.record(stream)
+        self.cuda.record_stream(device_side, stream)
+        return done
+
+    def _copy_in(self, stream, src: torch.Tensor, after=()) -> PendingTensor:
+        dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        done = self._copy(stream, dst, src, dst, after=after)
+        return PendingTensor(dst, self._waiter(done), done)
 
     def upload(self, host: np.ndarray) -> PendingTensor:
-        src = self._pinned_tensor(host)
-        return self._copy_in(torch.empty(src.shape, dtype=src.dtype, device=self.device), src)
+        return self._copy_in(self.copy_in, self._pinned_tensor(host))
 
     def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
         return torch.zeros(inbox.shape[0], dtype=TORCH_DTYPES[inbox.dtype], device=self.device)
 
-    def _copy_out(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
-        self.copy_out.wait_stream(self._compute())
-        with torch.cuda.stream(self.copy_out):
-            dst.copy_(src, non_blocking=True)
-            src.record_stream(self.copy_out)  # the allocator keeps src until the copy is done
-            done = torch.cuda.Event()
-            done.record(self.copy_out)
-        return done
-
     def download_gradient(self, grad: torch.Tensor, inbox: np.ndarray) -> Callable[[], None]:
-        return self._copy_out(self._pinned_tensor(inbox), grad).synchronize
+        """The EPS worker calls the returned wait before it reads the inbox: a CPU wait, so blocking."""
+        return self._copy(self.copy_out, self._pinned_tensor(inbox), grad, grad, blocking=True).synchronize
 
     def to_host(self, t: torch.Tensor) -> StashedTensor:
-        host = self.pool.take(t.shape, t.dtype)
-        # the copy back in waits on this event on the GPU; the CPU never blocks on it
-        return StashedTensor(host, event=self._copy_out(host, t))
+        host, reused_after = self.pool.take(t.shape, t.dtype)
+        # written after the copy back that last read the buffer, and read back after this
+        # event: both orders are stream waits, the CPU never blocks on them
+        return StashedTensor(host, event=self._copy(self.stash_out, host, t, t, after=(reused_after,)))
 
     def to_device(self, s: StashedTensor) -> PendingTensor:
-        return self._copy_in(torch.empty(s.host.shape, dtype=s.host.dtype, device=self.device),
-                             s.host, after=s.event)
+        return self._copy_in(self.stash_in, s.host, after=(s.event,))
 
     def release(self, s: StashedTensor, pending: PendingTensor) -> None:
         """The stash is consumed: its pinned buffer is reusable once the copy back has run."""
-        self.pool.give(s.host, pending.host_wait)
+        self.pool.give(s.host, pending.done)
 
 
-def make_transport(device: torch.device):
+def make_transport(device: torch.device, pinned: PinnedRegistry | None = None):
     """CUDA streams on a GPU, zero-copy on the CPU."""
-    return CudaTransport(device) if device.type == "cuda" else CpuTransport(device)
+    return CudaTransport(device, pinned=pinned) if device.type == "cuda" else CpuTransport(device)
+
+
+def make_transports(devices: list[torch.device]) -> list:
+    """One transport per data-parallel worker; on CUDA they share one pinned registry, since the
+    EPS allocates its host arrays once (through the first) and every worker reads them."""
+    pinned = PinnedRegistry()
+    return [make_transport(d, pinned) for d in devices]
