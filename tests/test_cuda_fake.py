@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
-from l2l.models import ModelConfig, build_stack
+from l2l.models import Layer, LayerStack, ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
 from l2l.relay.parallel import DataParallelRelay
 from l2l.relay.pinned import PinnedRegistry
@@ -30,7 +30,19 @@ HYPER = AdamWHyper(lr=3e-3)
 STEPS = 3
 
 
-def _build(workers: int, stash: str, precision: str, fake: FakeCuda | None):
+def _stack(tied: bool = False) -> LayerStack:
+    """The tiny GPT; ``tied``: its head shares the token embedding (a shared EPS entry, fetched
+    and given a gradient beside both the pre and the post stage)."""
+    stack = build_stack(CFG, 0)
+    if not tied:
+        return stack
+    stack.layers[-1].module.lm_head.weight = stack.layers[0].module.tok.weight
+    tied_stack = LayerStack([Layer(l.name, l.kind, l.module) for l in stack.layers], stack.config, stack.vocab_size)
+    assert len(tied_stack.shared) == 1
+    return tied_stack
+
+
+def _build(workers: int, stash: str, precision: str, fake: FakeCuda | None, tied: bool = False):
     """A relay (one engine, or ``workers`` data-parallel ones), through the fake or the CPU transport."""
     pinned = PinnedRegistry()  # the workers share it, as make_transports does
     transports = None if fake is None else [CudaTransport(CPU, cuda=fake, pinned=pinned) for _ in range(workers)]
@@ -38,9 +50,9 @@ def _build(workers: int, stash: str, precision: str, fake: FakeCuda | None):
     eps = EagerParamServer(NumpyBackend(), HYPER, copy_dtype=precision, grad_dtype=precision,
                            contributors=workers, **kwargs)
     if workers == 1:
-        return RelayEngine(build_stack(CFG, 0), eps, CPU, micro_batches=2, stash=stash, seed=0,
+        return RelayEngine(_stack(tied), eps, CPU, micro_batches=2, stash=stash, seed=0,
                            precision=precision, transport=None if fake is None else transports[0])
-    return DataParallelRelay([build_stack(CFG, 0) for _ in range(workers)], eps, [CPU] * workers,
+    return DataParallelRelay([_stack(tied) for _ in range(workers)], eps, [CPU] * workers,
                              micro_batches=2 * workers, stash=stash, seed=0, precision=precision,
                              transports=transports)
 
@@ -59,17 +71,19 @@ def _train(engine, corpus, steps: int = STEPS, fake: FakeCuda | None = None, per
         engine.close()
 
 
-def _gradient_pushes(workers: int) -> int:
+def _gradient_pushes(workers: int, tied: bool = False) -> int:
     """Gradient contributions per step: one per (layer part, worker)."""
-    stack = build_stack(CFG, 0)
+    stack = _stack(tied)
     return workers * sum(len(stack.parts(i)) for i in range(len(stack.layers)))
 
 
-def _mismatches(corpus, workers: int, stash: str, precision: str, fake: FakeCuda, steps: int = STEPS) -> list[str]:
+def _mismatches(corpus, workers: int, stash: str, precision: str, fake: FakeCuda, steps: int = STEPS,
+                tied: bool = False) -> list[str]:
     """What the harness finds wrong with training through ``fake`` against the CPU transport."""
-    ref_losses, ref_weights = _train(_build(workers, stash, precision, None), corpus, steps)
+    ref_losses, ref_weights = _train(_build(workers, stash, precision, None, tied), corpus, steps)
     per_step: list[int] = []
-    losses, weights = _train(_build(workers, stash, precision, fake), corpus, steps, fake=fake, per_step=per_step)
+    losses, weights = _train(_build(workers, stash, precision, fake, tied), corpus, steps, fake=fake,
+                             per_step=per_step)
     found = list(fake.errors)
     if losses != ref_losses:
         found.append(f"losses {losses} != {ref_losses}")
@@ -82,8 +96,8 @@ def _mismatches(corpus, workers: int, stash: str, precision: str, fake: FakeCuda
         found.append(f"CPU-blocking waits on the relay's threads per step: {per_step}")
     # The only CPU waits are the EPS worker's: one per gradient it reads from its pinned inbox.
     eps_waits = sum(n for name, n in fake.cpu_waits.items() if name.startswith("eps-update"))
-    if eps_waits > steps * _gradient_pushes(workers):
-        found.append(f"EPS worker waits {eps_waits} > {steps * _gradient_pushes(workers)}")
+    if eps_waits > steps * _gradient_pushes(workers, tied):
+        found.append(f"EPS worker waits {eps_waits} > {steps * _gradient_pushes(workers, tied)}")
     if sum(fake.spin_waits.values()):
         found.append(f"CPU spinning on non-blocking events: {dict(fake.spin_waits)}")
     return found
@@ -98,6 +112,13 @@ def test_fake_cuda_equals_cpu_transport(corpus, workers, stash, precision):
     fake = FakeCuda()
     assert _mismatches(corpus, workers, stash, precision, fake) == []
     assert fake.copies > 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_tied_embedding_through_the_fake_equals_cpu_transport(corpus, workers):
+    """The shared entry's extra upload and gradient hand-over per user, ordered as the rest."""
+    fake = FakeCuda()
+    assert _mismatches(corpus, workers, "host", "bf16", fake, tied=True) == []
 
 
 def test_harness_catches_a_missing_stream_wait(corpus, monkeypatch):
