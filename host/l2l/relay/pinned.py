@@ -22,6 +22,14 @@ import numpy as np
 import torch
 
 
+def pinned_block_bytes(nbytes: int) -> int:
+    """Bytes torch's pinned (CachingHostAllocator) block for a request of ``nbytes`` holds:
+    the request rounded up to the next power of two (0 for 0). A 3.2 GB layer copy holds
+    4 GiB of page-locked host memory, and the block stays cached after it is freed until
+    ``torch.accelerator.empty_host_cache()``."""
+    return 0 if nbytes <= 0 else 1 << (int(nbytes) - 1).bit_length()
+
+
 class PinnedRegistry:
     def __init__(self) -> None:
         self._starts: list[int] = []
@@ -56,3 +64,13 @@ class PinnedRegistry:
 
     def __len__(self) -> int:
         return len(self._blocks)
+
+    def requested_bytes(self) -> int:
+        """Bytes asked for by the registered allocations."""
+        with self._lock:
+            return sum(end - start for start, end, _ in self._blocks)
+
+    def held_bytes(self) -> int:
+        """Bytes the pinned allocator holds for them (each rounded up: :func:`pinned_block_bytes`)."""
+        with self._lock:
+            return sum(pinned_block_bytes(end - start) for start, end, _ in self._blocks)

@@ -138,6 +138,7 @@ class HostPool:
         self._free: dict[tuple, list[tuple[torch.Tensor, object | None]]] = defaultdict(list)
         self._lock = threading.Lock()
         self.allocated = 0  # buffers ever made: flat after the first step
+        self.buffer_sizes: list[int] = []  # bytes requested for each (pinned: the allocator rounds each up)
 
     def take(self, shape: torch.Size, dtype: torch.dtype) -> tuple[torch.Tensor, object | None]:
         """A buffer, and what a write into it must come after (None for a new buffer)."""
@@ -146,8 +147,11 @@ class HostPool:
             free = self._free[key]
             item = free.pop() if free else None
         if item is None:
-            self.allocated += 1
-            return self._make(tuple(shape), dtype), None
+            buf = self._make(tuple(shape), dtype)
+            with self._lock:
+                self.allocated += 1
+                self.buffer_sizes.append(buf.numel() * buf.element_size())
+            return buf, None
         return item
 
     def give(self, buf: torch.Tensor, done: object | None) -> None:
