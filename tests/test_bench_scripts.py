@@ -15,13 +15,53 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_gpu_check_smoke(tmp_path):
+    """Every section runs on tiny shapes, the correctness checks pass, and both files say so."""
     r = _run("bench/gpu_check.py", "--smoke", "--out", str(tmp_path))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert len(result["memory"]) == 4 and len(result["largest"]) == 2
-    assert {row["engine"] for row in result["throughput"]} == {"l2l", "plain+ckpt", "plain", "l2l, no prefetch"}
-    assert all(row["tokens_per_s"] > 0 for row in result["throughput"])
-    assert "Device memory vs depth" in (tmp_path / "gpu_check.md").read_text()
+    sections = result["sections"]
+    assert list(sections) == ["startup", "correctness", "memory", "throughput", "overlap", "largest"]
+    assert all(s["status"] == "ok" for s in sections.values()), {k: s["status"] for k, s in sections.items()}
+    assert result["eps_probe"]["chosen"] in ("numpy", "opencl") and result["devices"] == 1
+    checks = sections["correctness"]["rows"]
+    assert len(checks) == 5 and all(c["result"] == "PASS" for c in checks)
+    bitwise = [c for c in checks if c["tolerance"] == "bit-identical"]
+    assert len(bitwise) == 2 and all(c["max_rel_diff"] == 0 for c in bitwise)
+    replay = next(c for c in checks if c["row"].startswith("dropout replay"))
+    assert replay["control_diff"] > 1e-3  # the check can fail: other masks, other gradients
+    assert [m["row"] for m in sections["memory"]["rows"]] == [
+        "stash device, L=2", "stash device, L=4", "stash host, L=2", "stash host, L=4"]
+    assert [t["row"] for t in sections["throughput"]["rows"]] == ["l2l", "plain --checkpointing", "plain"]
+    assert [t["row"] for t in sections["overlap"]["rows"]] == ["l2l, prefetch", "l2l, no prefetch"]
+    timed = sections["throughput"]["rows"] + sections["overlap"]["rows"] + sections["largest"]["rows"]
+    assert all(t["status"] == "ok" and t["tokens_per_s"] > 0 and t["eps"] == result["eps_probe"]["chosen"]
+               for t in timed)
+    assert len(sections["largest"]["rows"]) == 1 and "one more would exceed" in sections["largest"]["sized"]
+    text = (tmp_path / "gpu_check.md").read_text()
+    for title in ("Correctness", "Device memory against depth", "Throughput", "Overlap", "largest relay model"):
+        assert title in text
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left behind
+
+
+def test_gpu_check_dry_run_fits_and_refuses_an_oversized_plan():
+    """The H200 plan fits (rows, bytes, time under the budget); a largest model scaled past
+    the host memory is refused with exit 2 and one line for that row."""
+    r = _run("bench/gpu_check.py", "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for section in ("correctness", "memory", "throughput", "overlap", "largest"):
+        assert f"\n{section} " in r.stdout
+    assert "plan fits" in r.stdout and "estimated total" in r.stdout and "REFUSED" not in r.stdout
+    r = _run("bench/gpu_check.py", "--dry-run", "--largest-scale", "2")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refused: largest / ") and "host" in lines[0], r.stderr
+    r = _run("bench/gpu_check.py", "--dry-run", "--host-bytes", str(8 * 2**30))
+    assert r.returncode == 2 and all(line.startswith("refused: ") for line in r.stderr.strip().splitlines())
+
+
+def test_pinned_block_bytes_rounds_up_to_a_power_of_two():
+    from l2l.relay.pinned import pinned_block_bytes
+    assert [pinned_block_bytes(n) for n in (0, 1, 4096, 4097, 3_200_000_000)] == [0, 1, 4096, 8192, 2**32]
 
 
 def test_recompute_ab_runs():
