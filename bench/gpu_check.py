@@ -165,6 +165,10 @@ def plan(smoke: bool, largest_scale: float, machine: "Machine") -> list[Row]:
     layers, _ = size_largest(big, machine, BOXES["largest"], max_layers)
     layers = max(1, round(max(layers, 1) * largest_scale))
     rows.append(Row("largest", f"L={layers}", replace(big, layers=layers), 1, 1))
+    for r in rows:  # an impossible setting fails here, in the dry run, not on the lease
+        r.cfg.check()
+        if r.pair is not None:
+            r.pair.check()
     return rows
 
 
