@@ -59,7 +59,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from l2l.bench.load import _reset_peak, _status  # noqa: E402
+from l2l.hostmem import memory_status, reset_peak_resident  # noqa: E402
 from l2l.build import build_engine, resolve_device  # noqa: E402
 from l2l.config import TrainConfig  # noqa: E402
 from l2l.data import BatchSampler, load_corpus  # noqa: E402
@@ -374,7 +374,7 @@ def free_caches(device: torch.device) -> None:
         reset_host = getattr(torch.cuda.memory, "reset_peak_host_memory_stats", None)
         if reset_host is not None:
             reset_host()
-    _reset_peak()
+    reset_peak_resident()
 
 
 def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, warmup: int,
@@ -383,7 +383,7 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
     (compute stream) step times, the device peak, host RSS and pinned bytes. ``inspect(engine)``
     runs before the engine is closed; its result is returned as ``"inspect"``."""
     free_caches(device)
-    rss_before = _status().get("VmRSS", 0)
+    rss_before = memory_status().get("VmRSS", 0)
     t0 = time.perf_counter()
     stack = build_stack(cfg.model_config(), cfg.seed)
     engine = build_engine(cfg, stack, device)
@@ -423,7 +423,7 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
     finally:
         engine.close()
         del engine, stack
-    status = _status()
+    status = memory_status()
     out.update(params=sum(n for n in _entry_sizes(cfg)), build_s=build_s, losses=losses,
                step_s=statistics.median(walls) if walls else None,
                gpu_step_s=statistics.median(gpus) if gpus and gpus[0] is not None else None,

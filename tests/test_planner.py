@@ -269,6 +269,10 @@ def test_train_prints_the_forecast_beside_the_measured_step(tmp_path):
     assert plan["predicted_step_s"] > 0 and plan["measured_step_s"] > 0
     # on the CPU the ledger is the device peak, and the planner replays the same ledger
     assert plan["predicted_device_bytes"] == json.loads((out / "summary.json").read_text())["device_peak_bytes"]
+    # host memory: the planner's (EPS state and stash) beside the whole process's measured peak
+    summary = json.loads((out / "summary.json").read_text())
+    assert plan["measured_host_peak_bytes"] == summary["host_peak_bytes"] > plan["predicted_host_bytes"] > 0
+    assert "host peak" in r.stdout
 
 
 def test_bad_plan_mode_is_one_line(tmp_path):

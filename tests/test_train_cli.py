@@ -51,6 +51,17 @@ def test_run_writes_metrics_plot_summary_and_checkpoint(reference_run):
     assert load_latest(reference_run).step == STEPS
 
 
+def test_host_memory_is_logged_per_step_and_its_peak_summarized(reference_run):
+    """The process's resident set per step and its peak: the kernel's figures, in bytes
+    (kB read as bytes would be 1024x too small: below torch's own footprint)."""
+    recs = read_metrics(reference_run / "metrics.jsonl")
+    summary = json.loads((reference_run / "summary.json").read_text())
+    rss = [r["host_rss_bytes"] for r in recs]
+    eps_state = 12 * sum(a.size for k, a in load_latest(reference_run).tensors.items() if k.endswith(".p"))
+    assert all(100 * 2**20 < b < 24 * 2**30 for b in rss)
+    assert summary["host_peak_bytes"] >= max(rss) and summary["host_peak_bytes"] > eps_state
+
+
 def test_sigkill_mid_training_then_resume_is_exact(reference_run, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "l2l", "train", *TINY, "--out", str(out), "--no-progress",

@@ -17,12 +17,17 @@ a library changes nothing.
 :func:`aligned_empty` is how the EPS allocates its host arrays (device copies,
 gradient inboxes): on cache-line boundaries, for vector kernels and streaming
 stores.
+
+:func:`memory_status` reads what the kernel says the process holds (resident set
+and its peak), the measurement the training log, the run summary and
+``l2l bench load`` report; :func:`reset_peak_resident` starts a new peak.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -53,3 +58,32 @@ def aligned_empty(n: int, dtype, align: int = 64) -> np.ndarray:
     raw = np.empty(n * dtype.itemsize + align, np.uint8)
     start = (-raw.ctypes.data) % align
     return raw[start:start + n * dtype.itemsize].view(dtype)
+
+
+STATUS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
+
+
+def memory_status() -> dict[str, int]:
+    """This process's resident set (``VmRSS``), its peak since start or the last reset
+    (``VmHWM``) and their parts, in bytes, from ``/proc/self/status``; empty where
+    there is no such file (not Linux)."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            out[key] = int(value.split()[0]) * 1024  # the kernel writes kB
+    return out
+
+
+def reset_peak_resident() -> bool:
+    """Reset ``VmHWM`` to the current resident set; True when the kernel did."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    s = memory_status()
+    return s["VmHWM"] <= s["VmRSS"] + (1 << 20)

@@ -23,6 +23,7 @@ from .config import TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
 from .errors import UserError
+from .hostmem import memory_status
 from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
@@ -44,6 +45,7 @@ class RunSummary:
     mean_tokens_per_s: float | None
     device_peak_bytes: int
     device_weight_peak_bytes: int
+    host_peak_bytes: int | None = None  # the process's peak resident set (VmHWM), build to summary
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
 
@@ -203,15 +205,17 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             weight_peak = max(weight_peak, result.device_weight_peak_bytes)
             if world > 1 and cfg.check_every and (done % cfg.check_every == 0 or done == cfg.steps):
                 digests = distributed.check_agreement(engine.state_tensors(), done)
+            host_rss = memory_status().get("VmRSS")
             if log is not None:
                 log.write({"step": done, "loss": result.loss, "val_loss": val, "lr": lr,
                            "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
-                           "device_peak_bytes": result.device_peak_bytes,
+                           "host_rss_bytes": host_rss, "device_peak_bytes": result.device_peak_bytes,
                            "device_weight_peak_bytes": result.device_weight_peak_bytes,
                            "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
                            "grad_norm": result.grad_norm})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
+                                + (f" | host {host_rss / 2**30:.2f} GiB" if host_rss else "")
                                 + (f" | val {val:.3f}" if val is not None else ""))
             if main and ((cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps):
                 _save(cfg, out, done, engine, sampler, stack, initial_val)
@@ -229,10 +233,11 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     summary = RunSummary(out=str(out), steps=cfg.steps, initial_val_loss=initial_val,
                          final_val_loss=last_val, final_loss=last_loss,
                          mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
-                         device_peak_bytes=peak, device_weight_peak_bytes=weight_peak)
+                         device_peak_bytes=peak, device_weight_peak_bytes=weight_peak,
+                         host_peak_bytes=memory_status().get("VmHWM"))
     summary.machines_weights_sha256 = digests
     if plan is not None and step_times:
-        line, summary.plan = plan.compare(step_times, peak)
+        line, summary.plan = plan.compare(step_times, peak, summary.host_peak_bytes)
         say(line)
     if main:
         ckpt.atomic_write_bytes(out / "summary.json",

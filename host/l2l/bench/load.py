@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..hostmem import memory_status, reset_peak_resident
 from ..options import Parser
 from .output import save_results
 
@@ -65,27 +66,6 @@ def llama_shape(params: float) -> dict:
             "params": fixed + layers * block}
 
 
-# ------------------------------------------------------------------ /proc
-def _status() -> dict[str, int]:
-    """VmRSS, VmHWM, RssAnon, RssFile of this process, in bytes."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-            out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current resident set; True when the kernel did."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    s = _status()
-    return s["VmHWM"] <= s["VmRSS"] + (1 << 20)
-
-
 # ------------------------------------------------------------ subprocesses
 def _generate(spec: dict, target: str) -> dict:
     """Build the model, save it into ``target``, free it; the process's peak resident set."""
@@ -105,7 +85,7 @@ def _generate(spec: dict, target: str) -> dict:
     model.save_pretrained(target, **kwargs)
     del model
     (Path(target) / MARKER).write_text(json.dumps(spec, indent=2) + "\n")
-    return {"generate_s": time.perf_counter() - t0, "generate_peak_rss": _status()["VmHWM"],
+    return {"generate_s": time.perf_counter() - t0, "generate_peak_rss": memory_status()["VmHWM"],
             "model_bytes": numel * dtype.itemsize}
 
 
@@ -120,22 +100,22 @@ def _measure(opts: dict) -> dict:
     from ..data import Batch
     from ..models import ModelConfig, build_stack
 
-    out: dict = {"malloc_tuned": tuned, "rss_start": _status()["VmRSS"]}
+    out: dict = {"malloc_tuned": tuned, "rss_start": memory_status()["VmRSS"]}
     # the imports a load needs, before the baseline: they cost the same for any model size
     for module in ("safetensors", "transformers", "transformers.models.llama.modeling_llama"):
         importlib.import_module(module)
-    before = _status()
+    before = memory_status()
     out["rss_before"] = before["VmRSS"]
-    out["hwm_reset"] = _reset_peak()
+    out["hwm_reset"] = reset_peak_resident()
     t0 = time.perf_counter()
     cfg = TrainConfig(model=opts["checkpoint"], seq_len=opts["seq_len"], batch_size=opts["batch_size"],
                       micro_batches=opts["micro_batches"], eps=opts["eps"], precision=opts["precision"],
                       device="cpu", progress=False).check()
     stack = build_stack(ModelConfig(family=opts["checkpoint"], seq_len=opts["seq_len"]), 0)
-    out["rss_stack"] = _status()["VmRSS"]
+    out["rss_stack"] = memory_status()["VmRSS"]
     engine = build_engine(cfg, stack, torch.device("cpu"))
     out["load_s"] = time.perf_counter() - t0
-    after = _status()
+    after = memory_status()
     out.update(rss_after_load=after["VmRSS"], peak_load=after["VmHWM"], rss_anon_after_load=after["RssAnon"],
                rss_file_after_load=after["RssFile"])
     eps = engine.eps
@@ -147,14 +127,14 @@ def _measure(opts: dict) -> dict:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (opts["batch_size"], opts["seq_len"] + 1), generator=g)
     batch = Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
-    _reset_peak()
+    reset_peak_resident()
     times, losses = [], []
     for step in range(opts["steps"]):
         t = time.perf_counter()
         losses.append(engine.train_step(batch, step).loss)
         eps.synchronize()  # the step's eager updates included
         times.append(time.perf_counter() - t)
-    end = _status()
+    end = memory_status()
     out.update(step_s=times, losses=losses, peak_train=end["VmHWM"], rss_after_train=end["VmRSS"])
     engine.close()
     return out

@@ -32,10 +32,12 @@ CALIBRATION_FREE_S = 3.0  # or at most this many seconds
 class Forecast:
     step_s: float
     device_bytes: int      # what the relay's ledger peaks at (device_peak_bytes on the CPU)
+    host_bytes: int        # the planner's host memory: EPS state and host stash
     calibrated: bool
     text: str              # the planner's one-line summary
 
-    def compare(self, step_times: list[float], device_peak_bytes: int) -> tuple[str, dict]:
+    def compare(self, step_times: list[float], device_peak_bytes: int,
+                host_peak_bytes: int | None = None) -> tuple[str, dict]:
         """One line and a dict comparing the forecast with what the run measured."""
         # the first step pays allocation and warm-up; the median of the rest is the steady state
         steady = step_times[1:] or step_times
@@ -44,8 +46,12 @@ class Forecast:
         line = (f"l2l: step time {measured:.3f} s measured (median), {self.step_s:.3f} s predicted "
                 f"({err:+.0%}{'' if self.calibrated else ', uncalibrated'}); device peak "
                 f"{device_peak_bytes / 2**20:,.1f} MiB measured, {self.device_bytes / 2**20:,.1f} MiB predicted")
+        if host_peak_bytes:  # the planner counts the EPS state and stash, not the runtime around them (issue 16)
+            line += (f"; host peak {host_peak_bytes / 2**30:,.2f} GiB measured (whole process), "
+                     f"{self.host_bytes / 2**30:,.2f} GiB predicted (EPS state and stash)")
         record = {"predicted_step_s": self.step_s, "measured_step_s": measured,
-                  "predicted_device_bytes": self.device_bytes, "plan_calibrated": self.calibrated}
+                  "predicted_device_bytes": self.device_bytes, "predicted_host_bytes": self.host_bytes,
+                  "measured_host_peak_bytes": host_peak_bytes, "plan_calibrated": self.calibrated}
         return line, record
 
 
@@ -61,7 +67,8 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
     if calibrated:
         rates = calibrate(cfg, rates, device)
     p = predict(cfg, rates)
-    return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes, calibrated=calibrated,
+    return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes, host_bytes=p.host_total_bytes,
+                    calibrated=calibrated,
                     text=summary_line(p))
 
 
