@@ -1,9 +1,10 @@
 """The eager param-server: bookkeeping around a backend, and the eagerness itself.
 
-The relay pushes a layer's gradient contributions; when all contributors
-of a layer are in (one per data-parallel worker, times the number of layers that
-use the entry: a tied embedding gets one from the pre and one from the post stage), its update is queued on a background worker and the relay
-goes on with the next layer at once. ``fetch(layer)`` waits for that layer's
+The relay pushes a layer's gradient contributions; when all contributors of
+an entry are in (one per data-parallel worker, times the number of layers that
+use the entry: a tied embedding gets one from the pre and one from the post
+stage), its update is queued on a background worker and the relay goes on
+with the next layer at once. ``fetch(layer)`` waits for that layer's
 pending update only. A failed update is re-raised in the caller's thread at
 the next ``fetch``/``push_gradient``/``poll`` -- the relay polls at every layer,
 so an error surfaces within one layer of compute, never as a hang.
