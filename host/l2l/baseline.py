@@ -140,6 +140,9 @@ class PlainEngine:
                 out[f"layer{i}.{key}"] = flat
         return out
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        return self.state_tensors()  # the optimizer's state lives in torch: copied either way
+
     def state_meta(self) -> dict:
         steps = {}
         for i, _, params in self._layer_params():

@@ -53,18 +53,20 @@ import os
 import re
 import secrets
 import shutil
+import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from .errors import UserError
 
 __all__ = [
     "Checkpoint",
+    "LazyArrays",
     "FORMAT_VERSION",
     "atomic_write_bytes",
     "fsync_dir",
@@ -90,16 +92,43 @@ _REPLACED_PREFIX = TMP_PREFIX + "replaced-"
 _STEP_DIR_RE = re.compile(r"step-(\d{8,})")
 _HASH_CHUNK = 4 << 20
 
-# dtypes safetensors.numpy can both write and read back; anything else
-# (bfloat16, float128, object, ...) would fail on load, so refuse on save.
-_SUPPORTED_DTYPES = frozenset(
-    {
-        "float64", "float32", "float16",
-        "int64", "int32", "int16", "int8",
-        "uint64", "uint32", "uint16", "uint8",
-        "bool", "complex64",
-    }
-)
+# dtypes safetensors.numpy reads back, by the name the safetensors header gives them;
+# anything else (bfloat16, float128, object, ...) would fail on load, so refuse on save.
+_SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
+    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8",
+    "bool": "BOOL", "complex64": "C64",
+}
+_SUPPORTED_DTYPES = frozenset(_SAFETENSORS_DTYPES)
+
+
+class LazyArrays(Mapping):
+    """Named arrays whose shapes and dtypes are known up front and whose data is made when
+    read: what :func:`save_checkpoint` writes one array at a time, so a save holds one
+    array beside the file, not a copy of the whole state. Read them before their source
+    changes (an engine's, before it trains again)."""
+
+    def __init__(self, specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+                 read: Callable[[str], np.ndarray]) -> None:
+        self._specs = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in specs.items()}
+        self._read = read
+
+    def spec(self, key: str) -> tuple[tuple[int, ...], np.dtype]:
+        return self._specs[key]
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        shape, dtype = self._specs[key]
+        a = np.asarray(self._read(key), order="C")
+        if a.shape != shape or a.dtype != dtype:
+            raise ValueError(f"{key}: read {a.dtype}{list(a.shape)}, announced {dtype}{list(shape)}")
+        return a
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
 
 
 @dataclass
@@ -180,7 +209,7 @@ def save_checkpoint(
     step = int(step)
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be an int >= 1, got {keep!r}")
-    arrays = _checked_arrays(tensors)
+    specs = _checked_specs(tensors)
     if not isinstance(meta, Mapping):
         raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
     meta = dict(meta)
@@ -196,8 +225,7 @@ def save_checkpoint(
     os.mkdir(tmp)
     try:
         tensor_path = tmp / TENSORS_FILE
-        save_file(arrays, tensor_path, metadata={"format": FORMAT_NAME, "step": str(step)})
-        del arrays
+        _write_safetensors(tensor_path, tensors, specs, metadata={"format": FORMAT_NAME, "step": str(step)})
         nbytes, digest = _hash(tensor_path, fsync=True)
         doc = {
             "format": FORMAT_NAME,
@@ -229,25 +257,55 @@ def save_checkpoint(
     return final
 
 
-def _checked_arrays(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Validate names/dtypes and make every array C-contiguous.
-
-    safetensors.numpy serialises from the raw data pointer, so a strided
-    view would be written as garbage; only such views get copied.
-    """
+def _checked_specs(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Validate names and dtypes; each array's (shape, dtype), read from a :class:`LazyArrays`
+    without making its data."""
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a dict of numpy arrays, got {type(tensors).__name__}")
-    out: dict[str, np.ndarray] = {}
-    for key, value in tensors.items():
+    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for key in tensors:
         if not isinstance(key, str) or not key or key == "__metadata__":
             raise ValueError(f"invalid tensor name {key!r}")
-        if not isinstance(value, (np.ndarray, np.generic)):
-            raise TypeError(f"tensor {key!r} is a {type(value).__name__}, not a numpy array")
-        arr = np.asarray(value, order="C")  # copies only strided views; keeps 0-d (ascontiguousarray would not)
-        if arr.dtype.name not in _SUPPORTED_DTYPES:
-            raise TypeError(f"tensor {key!r} has dtype {arr.dtype}, which checkpoints cannot store")
-        out[key] = arr
-    return out
+        if isinstance(tensors, LazyArrays):
+            shape, dtype = tensors.spec(key)
+        else:
+            value = tensors[key]
+            if not isinstance(value, (np.ndarray, np.generic)):
+                raise TypeError(f"tensor {key!r} is a {type(value).__name__}, not a numpy array")
+            shape, dtype = np.shape(value), np.asarray(value).dtype
+        if dtype.name not in _SUPPORTED_DTYPES:
+            raise TypeError(f"tensor {key!r} has dtype {dtype}, which checkpoints cannot store")
+        specs[key] = (tuple(shape), dtype)
+    return specs
+
+
+def _write_safetensors(path: Path, tensors: Mapping[str, np.ndarray],
+                       specs: dict[str, tuple[tuple[int, ...], np.dtype]], metadata: dict[str, str]) -> None:
+    """Write ``tensors`` as a safetensors file, one array at a time.
+
+    The format is an 8-byte little-endian header length, a JSON header (each tensor's
+    dtype, shape and byte range in the data, and ``__metadata__``) padded with spaces to
+    8 bytes, then the data. The header needs only the specs, so each array is made (a
+    :class:`LazyArrays` reads it then), written and dropped in turn; the library's own
+    writer takes every array at once. Reading stays with the library.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for key, (shape, dtype) in specs.items():
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        header[key] = {"dtype": _SAFETENSORS_DTYPES[dtype.name], "shape": list(shape),
+                       "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for key in specs:
+            a = np.asarray(tensors[key], order="C")  # safetensors data is little-endian
+            a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+            f.write(a.reshape(-1).view(np.uint8).data if a.size else b"")
+            del a
 
 
 def _move_into_place(tmp: Path, ckpt_dir: Path, name: str) -> Path:

@@ -14,7 +14,7 @@ run can move between engines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -54,7 +54,11 @@ class Engine(Protocol):
         """The learning rate of the updates from the next step on (the schedule's lever)."""
 
     def state_tensors(self) -> dict[str, np.ndarray]:
-        """Per layer ``layer{i}.p``, ``.m``, ``.v``: flat fp32, the checkpoint's tensors."""
+        """Per layer ``layer{i}.p``, ``.m``, ``.v``: flat fp32, the checkpoint's tensors (a snapshot)."""
+
+    def state_arrays(self) -> Mapping[str, np.ndarray]:
+        """The same tensors as a checkpoint writes them: possibly made one at a time as they are
+        read (:class:`~l2l.checkpoint.LazyArrays`), so read them before the next step."""
 
     def state_meta(self) -> dict:
         """Everything else a checkpoint needs (step counts, loss scale), JSON-serialisable."""

@@ -252,7 +252,7 @@ def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> Non
     meta = {"format": FORMAT, "config": cfg.to_dict(), "trajectory": cfg.trajectory(),
             "signature": stack.signature(), "engine": engine.state_meta(),
             "data": sampler.state_dict(), "rng": _rng_meta(), "initial_val_loss": initial_val}
-    ckpt.save_checkpoint(out, step, engine.state_tensors(), meta, keep=cfg.keep_checkpoints)
+    ckpt.save_checkpoint(out, step, engine.state_arrays(), meta, keep=cfg.keep_checkpoints)
 
 
 def _model_line(cfg: TrainConfig, stack) -> str:

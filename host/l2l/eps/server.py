@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..checkpoint import LazyArrays
 from ..errors import EpsWorkerError, PeerLostError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
@@ -327,14 +328,26 @@ class EagerParamServer:
 
     # ----------------------------------------------------------- checkpoints
     def state_tensors(self) -> dict[str, np.ndarray]:
-        """``layer{i}.p/.m/.v`` fp32 arrays of every layer (after pending updates)."""
+        """``layer{i}.p/.m/.v`` fp32 arrays of every layer (after pending updates): a snapshot."""
+        return dict(self.state_arrays())
+
+    def state_arrays(self) -> LazyArrays:
+        """The same arrays, read from the backend one entry at a time as they are asked for
+        (a checkpoint holds one entry's state, not a copy of all): read them before the next
+        update. The pending updates are waited for now."""
         self.synchronize()
-        out = {}
-        for layer in self.layers:
-            p, m, v = self.backend.read_state(layer) if self._on_backend(layer) else \
-                (np.zeros(0, np.float32),) * 3
-            out[f"layer{layer}.p"], out[f"layer{layer}.m"], out[f"layer{layer}.v"] = p, m, v
-        return out
+        last: dict[int, tuple[np.ndarray, ...]] = {}
+
+        def read(key: str) -> np.ndarray:
+            layer = int(key[len("layer"):key.index(".")])
+            if layer not in last:
+                last.clear()
+                last[layer] = self.backend.read_state(layer) if self._on_backend(layer) else \
+                    (np.zeros(0, np.float32),) * 3
+            return last[layer]["pmv".index(key[-1])]
+        specs = {f"layer{layer}.{k}": ((self._numel[layer],), np.dtype(np.float32))
+                 for layer in self.layers for k in "pmv"}
+        return LazyArrays(specs, read)
 
     def state_meta(self) -> dict:
         return {"steps": {str(k): v for k, v in self._steps.items()}}

@@ -363,6 +363,9 @@ class RelayEngine:
     def state_tensors(self) -> dict[str, np.ndarray]:
         return self.eps.state_tensors()
 
+    def state_arrays(self):
+        return self.eps.state_arrays()
+
     def state_meta(self) -> dict:
         self.settle_previous_step()
         return {**self.eps.state_meta(), "loss_scaler": self.scaler.state_dict()}

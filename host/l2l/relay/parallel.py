@@ -109,6 +109,9 @@ class DataParallelRelay:
     def state_tensors(self) -> dict[str, np.ndarray]:
         return self.eps.state_tensors()
 
+    def state_arrays(self):
+        return self.eps.state_arrays()
+
     def state_meta(self) -> dict:
         for w in self.workers:
             w.settle_previous_step()
