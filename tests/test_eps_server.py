@@ -518,3 +518,57 @@ def test_update_records_are_bounded_and_read_by_cursor():
             srv.records_since(0)
     finally:
         srv.close()
+
+
+def test_gradient_inboxes_are_held_only_while_their_layer_is_in_flight():
+    """A layer's inbox block goes back once its update has read it and serves the next layer of
+    its shape: eight layers whose updates finish in turn use one block, with the same updates
+    as eight blocks would give; a layer still in flight keeps its own."""
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(64).astype(np.float32) for _ in range(8)]
+    results = []
+    for in_turn in (True, False):
+        srv = make_server()
+        for layer in range(8):
+            srv.add_layer(layer, np.full(64, 0.5, np.float32))
+        seen = set()
+        for layer in reversed(range(8)):  # the relay's backward order
+            inbox = srv.gradient_inbox(layer)
+            seen.add(inbox.ctypes.data)
+            inbox[:] = grads[layer]
+            srv.push_gradient(layer, divisor=1.0)
+            if in_turn:
+                srv.synchronize()
+        srv.synchronize()
+        results.append([srv.state_tensors()[f"layer{i}.p"] for i in range(8)])
+        if in_turn:
+            assert srv.inbox_blocks == 1 and len(seen) == 1
+        assert srv.inbox_blocks <= 8
+        srv.close()
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    held = make_server()  # a pushed layer whose update has not run keeps its block
+    held.add_layer(0, np.zeros(8, np.float32))
+    held.add_layer(1, np.zeros(8, np.float32))
+    held.hold()
+    first = held.gradient_inbox(0)
+    first[:] = 1.0
+    held.push_gradient(0, divisor=1.0)
+    assert held.gradient_inbox(1).ctypes.data != first.ctypes.data
+    held.close()
+
+
+def test_a_relay_step_holds_a_few_inboxes_not_one_per_layer(corpus):
+    """Through the relay, eight same-shaped blocks share the inboxes of the layers in flight."""
+    from l2l.models import ModelConfig, build_stack
+    from l2l.relay.engine import RelayEngine
+    from conftest import CPU, sampler_for
+    cfg = ModelConfig(layers=8, d_model=32, heads=2, seq_len=16)
+    eps = make_server()
+    engine = RelayEngine(build_stack(cfg, 0), eps, CPU, micro_batches=2)
+    try:
+        for step in range(2):
+            engine.train_step(sampler_for(corpus, cfg, batch_size=4).batch(step), step)
+    finally:
+        engine.close()
+    assert eps.inbox_blocks < 8 + 2  # pre, 8 blocks, post: three shapes

@@ -94,7 +94,8 @@ def test_memory_terms_equal_the_relay_ledger(corpus, stash, precision):
         assert p.device_ledger_bytes == p.device_weight_bytes + (4 * 3 + 1) * act
     else:                   # one micro-batch's boundary and its upstream gradient
         assert p.device_ledger_bytes == p.device_weight_bytes + 2 * act
-    assert p.host_eps_bytes == (12 + 2 * db) * p.params  # p, m, v; device copy, gradient inbox
+    largest = max(s.params for s in layer_shapes(cfg))  # p, m, v and device copy; 2 layers' inboxes
+    assert p.host_eps_bytes == (12 + db) * p.params + 2 * largest * db
     assert p.device_total_bytes == p.device_ledger_bytes + p.activation_bytes
     assert p.activation_bytes == max(24 * 32 * 32, (2 * 256 + 2 * 32) * 32) * db
 
@@ -106,7 +107,7 @@ def test_memory_with_prefetch_and_half_precision():
     assert predict(cfg, linked).device_weight_bytes == 3 * 4 * n    # w_i + g_i + the next w prefetched
     half = predict(cfg, Rates(flops_per_s=1e12), dtype_bytes=2)
     assert half.device_weight_bytes == 2 * 2 * n
-    assert half.host_eps_bytes == (12 + 2 + 2) * half.params
+    assert half.host_eps_bytes == (12 + 2) * half.params + 2 * n * 2  # and two blocks' bf16 inboxes
 
 
 # ---------------------------------------------------------------- pipeline and EPS

@@ -74,7 +74,9 @@ class EagerParamServer:
         self._contributors: dict[int, int] = {}
         self._steps: dict[int, int] = {}
         self._copies: dict[int, np.ndarray] = {}
-        self._inboxes: dict[int, np.ndarray] = {}  # layer -> (contributors, n) block
+        self._inboxes: dict[int, np.ndarray] = {}  # layer -> its (contributors, n) block, while in flight
+        self._free_inboxes: dict[tuple[int, int], list[np.ndarray]] = {}  # (contributors, n) -> spare blocks
+        self.inbox_blocks = 0  # blocks ever allocated: the layers in flight at once, not the depth
         self._arrived: dict[int, dict[int, Callable[[], None] | None]] = {}
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -133,17 +135,33 @@ class EagerParamServer:
         return self._copies[layer]
 
     def gradient_inbox(self, layer: int, contributor: int = 0) -> np.ndarray:
-        """Host buffer where ``contributor`` writes the layer's gradient (reused every step).
+        """Host buffer where ``contributor`` writes the layer's gradient this step.
 
         The contributors' inboxes of a layer are the rows of one (contributors, n)
         block, so a backend can take all K contributions as one buffer; they are
-        reduced in row order (the contract's order).
+        reduced in row order (the contract's order). A block exists only while its
+        layer is in flight: it is taken when the first contributor asks and handed
+        back, for the next layer of its shape, once the layer's update has read it
+        (held steps keep theirs until the commit). So the inboxes cost a few layers,
+        not 4 bytes a parameter, as long as the updates keep up with the relay.
         """
-        with self._lock:  # K workers ask at once: one block, allocated once
+        with self._lock:  # K workers ask at once: one block per layer
             if layer not in self._inboxes:
-                n, k = self._numel[layer], self._contributors[layer]
-                self._inboxes[layer] = self._alloc(k * n, self.grad_dtype).reshape(k, n)
+                shape = (self._contributors[layer], self._numel[layer])
+                spare = self._free_inboxes.get(shape)
+                if spare:
+                    self._inboxes[layer] = spare.pop()
+                else:
+                    self._inboxes[layer] = self._alloc(shape[0] * shape[1], self.grad_dtype).reshape(shape)
+                    self.inbox_blocks += 1
             return self._inboxes[layer][contributor]
+
+    def _return_inbox(self, layer: int) -> None:
+        """The layer's update has read its gradients: its block serves the next layer of its shape."""
+        with self._lock:
+            block = self._inboxes.pop(layer, None)
+            if block is not None:
+                self._free_inboxes.setdefault(block.shape, []).append(block)
 
     def push_gradient(self, layer: int, contributor: int = 0, *, divisor: float,
                       loss_scale: float = 1.0, ready: Callable[[], None] | None = None) -> None:
@@ -285,6 +303,7 @@ class EagerParamServer:
                 grads = self._gradients(layer)
             finite = self.backend.step(layer, grads, scalars, self._copies[layer]) if self._on_backend(layer) \
                 else True
+            self._return_inbox(layer)
             if finite:
                 self._steps[layer] = t
             self.update_seconds += time.perf_counter() - start

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..config import TrainConfig
 from ..errors import UserError
-from .shapes import EPS_STATE_BYTES, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
+from .shapes import EPS_STATE_BYTES, INBOXES_IN_FLIGHT, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
 # ---------------------------------------------------------------- rates
 
@@ -135,7 +135,7 @@ class Prediction:
     device_ledger_bytes: int     # what the relay's ledger peaks at (device_peak_bytes on the CPU)
     activation_bytes: int        # rough: one layer's recompute over one micro-batch
     device_total_bytes: int      # ledger + activations
-    host_eps_bytes: int          # EPS state: p, m, v, device copy, gradient inbox
+    host_eps_bytes: int          # EPS state: p, m, v, device copy; the inboxes in flight
     host_stash_bytes: int        # --stash host: the stashed boundaries
     host_total_bytes: int
     rates: dict
@@ -349,7 +349,10 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     # the ledger counts weights at fetch; with prefetch the next layer's are also resident
     device_ledger = ledger["device"] + (weights - ledger["weights"])
     params = sum(s.params - s.counted_before for s in shapes)
-    host_eps = params * (EPS_STATE_BYTES + 2 * db)
+    # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
+    # flight: the one being accumulated and the one whose update is running (per worker)
+    inboxes = INBOXES_IN_FLIGHT * max(s.params for s in shapes) * db * cfg.devices
+    host_eps = params * (EPS_STATE_BYTES + db) + inboxes
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0
     for p in passes:

@@ -59,7 +59,7 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
         + ("= device_peak_bytes on the CPU" if rates.zero_copy else "what the relay holds across layers"),
         f"{'  activations (rough)':<26}{mib(p.activation_bytes):>14}   one layer's recompute, one micro-batch",
         f"{'host memory':<26}{mib(p.host_total_bytes):>14}",
-        f"{'  EPS state':<26}{mib(p.host_eps_bytes):>14}   {12 + 2 * p.dtype_bytes} bytes/param",
+        f"{'  EPS state':<26}{mib(p.host_eps_bytes):>14}   {12 + p.dtype_bytes} bytes/param and 2 layers' inboxes",
     ]
     if p.host_stash_bytes:
         lines.append(f"{'  stash':<26}{mib(p.host_stash_bytes):>14}")

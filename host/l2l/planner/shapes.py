@@ -17,6 +17,7 @@ from ..errors import UserError
 # gradients and activations); the EPS keeps fp32 master weights and moments.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 EPS_STATE_BYTES = 12  # fp32 p, m, v per parameter on the host
+INBOXES_IN_FLIGHT = 2  # gradient inboxes held at once: the layer in backward, the one updating
 
 
 # ---------------------------------------------------------------- model shape
