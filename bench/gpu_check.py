@@ -378,10 +378,12 @@ def free_caches(device: torch.device) -> None:
 
 
 def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, warmup: int,
-               prefetch: bool = True, inspect=None) -> dict:
+               prefetch: bool = True, inspect=None, hold: bool = False) -> dict:
     """Build ``cfg``'s engine, run ``warmup + steps`` steps, and measure: wall and CUDA-event
     (compute stream) step times, the device peak, host RSS and pinned bytes. ``inspect(engine)``
-    runs before the engine is closed; its result is returned as ``"inspect"``."""
+    runs before the engine is closed; its result is returned as ``"inspect"``. ``hold``: the
+    EPS holds the updates, so each layer's gradient stays in its inbox for ``inspect`` (an
+    inbox is otherwise handed to another layer once its update has read it)."""
     free_caches(device)
     rss_before = memory_status().get("VmRSS", 0)
     t0 = time.perf_counter()
@@ -390,6 +392,8 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
     build_s = time.perf_counter() - t0
     if not prefetch and isinstance(engine, RelayEngine):
         engine._prefetch = lambda i: None  # fetch each layer only when it is needed
+    if hold:
+        engine.eps.hold()
     sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, family(cfg.model).objective, seed=0)
     cuda = device.type == "cuda"
     walls, gpus, peaks, waits, losses = [], [], [], [], []
@@ -484,7 +488,7 @@ def check_row(row: Row, corpus, device: torch.device) -> dict:
         def inbox(engine):
             engine.eps.synchronize()
             return [engine.eps.gradient_inbox(i).astype(np.float32).copy() for i in range(len(engine.layers))]
-        a = run_engine(row.cfg, corpus, device, steps=1, warmup=0, inspect=inbox)
+        a = run_engine(row.cfg, corpus, device, steps=1, warmup=0, inspect=inbox, hold=True)
         batch = BatchSampler(corpus.train, row.cfg.seq_len, row.cfg.batch_size, family(row.cfg.model).objective,
                              seed=0).batch(0)
         def gap(shift: int) -> float:

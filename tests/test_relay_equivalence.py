@@ -69,6 +69,7 @@ def test_recompute_replays_the_forward_dropout_masks(corpus):
     cfg = ModelConfig(layers=3, d_model=32, heads=2, seq_len=32, dropout=0.2)
     batch = sampler_for(corpus, cfg, batch_size=8).batch(0)
     engine = relay(cfg, HYPER, micro_batches=4, seed=5)
+    engine.eps.hold()  # updates held: each layer's gradient stays in its own inbox to be read
     engine.train_step(batch, step=7)
     engine.eps.synchronize()
     got = [engine.eps.gradient_inbox(i).copy() for i in range(len(engine.layers))]
