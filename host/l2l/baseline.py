@@ -176,11 +176,8 @@ class PlainEngine:
 
     def master_weights(self) -> list[np.ndarray]:
         """fp32 weights per entry, in the relay's order (each layer's own, then each shared one)."""
-        out = []
-        for _, layout, params in self._layer_params():
-            out.append(np.concatenate([p.detach().reshape(-1).float().cpu().numpy() for p in params])
-                       if params else np.zeros(0, np.float32))
-        return out
+        entries = (self.stack.entry_layout(e) for e in range(self.stack.num_entries))
+        return [layout.flatten(self.modules[i]) for i, layout in entries]
 
     def close(self) -> None:
         pass

@@ -59,9 +59,10 @@ def family(name: str) -> ModelFamily:
     """A built-in family by name, or the family of a local Hugging Face model directory."""
     if name in FAMILIES:
         return FAMILIES[name]
-    from .pretrained import is_model_dir, objective_of, read_config
+    from .pretrained import FAMILIES as PRETRAINED, is_model_dir, read_config
     if is_model_dir(name):
-        return ModelFamily(read_config(name)["model_type"], objective_of(name), _build_pretrained)
+        model_type = read_config(name)["model_type"]
+        return ModelFamily(model_type, PRETRAINED[model_type].objective, _build_pretrained)
     raise UserError(f"unknown model {name!r}; choose one of {', '.join(FAMILIES)} or a Hugging Face model "
                     "directory (config.json and safetensors weights)")
 

@@ -83,10 +83,6 @@ def family_of(directory: str | Path) -> PretrainedFamily:
     return FAMILIES[read_config(directory)["model_type"]]
 
 
-def objective_of(directory: str | Path) -> str:
-    return family_of(directory).objective
-
-
 def model_shape(directory: str | Path) -> tuple[int, int, int]:
     """(blocks, width, attention heads) as the config gives them, under any family's key names."""
     config = read_config(directory)
@@ -143,9 +139,10 @@ def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> L
     ``seq_len`` is checked against learned position embeddings."""
     if init not in INITS:
         raise UserError(f"unknown --init {init!r}; choose one of {', '.join(INITS)}")
-    family = family_of(directory)
+    config = read_config(directory)
+    family = FAMILIES[config["model_type"]]
     if seq_len is not None and family.positions is not None:
-        limit = read_config(directory).get(family.positions)
+        limit = config.get(family.positions)
         if limit is not None and seq_len > limit:
             raise UserError(f"--seq-len {seq_len} is longer than the {limit} positions {directory} has "
                             f"({family.positions})")

@@ -143,7 +143,7 @@ class RelayEngine:
         self.ledger.sub("weights", sum(_nbytes(w) for *_, w in fetched.parts))
         self.ledger.sub("grads", sum(_nbytes(g) for g in fetched.grads))
 
-    def _contributor(self, entry: int, user: int) -> int:
+    def _contributor(self, user: int) -> int:
         """This worker's row in the entry's inbox: users outer, workers inner."""
         return user * self.eps.contributors + self.contributor
 
@@ -151,7 +151,7 @@ class RelayEngine:
         """Give the layer its gradient buffers: as its leaves' ``.grad`` (the post stage,
         whose forward and backward are one), or through the sinks of its recorded graph."""
         for e, user, _, _ in fetched.parts:
-            inbox = self.eps.gradient_inbox(e, self._contributor(e, user))
+            inbox = self.eps.gradient_inbox(e, self._contributor(user))
             fetched.grads.append(self.transport.gradient_buffer(inbox))
             self.ledger.add("grads", _nbytes(fetched.grads[-1]))
         if sinks is None:
@@ -161,7 +161,7 @@ class RelayEngine:
 
     def _hand_over(self, i: int, fetched: _FetchedLayer, scale: float) -> None:
         for (e, user, _, _), grad in zip(fetched.parts, fetched.grads):
-            contributor = self._contributor(e, user)
+            contributor = self._contributor(user)
             ready = self.transport.download_gradient(grad, self.eps.gradient_inbox(e, contributor))
             self.eps.push_gradient(e, contributor, divisor=1.0, loss_scale=scale, ready=ready)
 
