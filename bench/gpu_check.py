@@ -465,7 +465,7 @@ def deterministic():
 def reference_gradients(cfg: TrainConfig, batch, device: torch.device, seed_shift: int = 0) -> list[np.ndarray]:
     """Step 0's gradients of the whole model in memory, micro-batch by micro-batch, each
     (layer, micro-batch) drawing its dropout masks from the relay's seed (plus ``seed_shift``)."""
-    stack = build_stack(cfg.model_config(), cfg.seed)
+    stack = build_stack(cfg.model_config(), cfg.seed, materialize=True)
     stack.train(True)
     for layer in stack.layers:
         layer.module.to(device)

@@ -37,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
 
     cfg = ModelConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq_len=args.seq)
-    blocks = [layer.module for layer in build_stack(cfg, 0).layers[1:-1]]
+    blocks = [layer.module for layer in build_stack(cfg, 0, materialize=True).layers[1:-1]]
     x0 = torch.randn(args.batch, args.seq, args.d_model)
     g0 = torch.randn_like(x0)
 
@@ -70,7 +70,7 @@ def main() -> None:
         return time.perf_counter() - t0
 
     # the relay's way needs parameter-less modules and flat gradient buffers
-    twins = [build_stack(cfg, 0).layers[1 + i].module for i in range(len(blocks))]
+    twins = [build_stack(cfg, 0, materialize=True).layers[1 + i].module for i in range(len(blocks))]
     weights = [{n: p.detach() for n, p in b.named_parameters()} for b in blocks]
     bindings = [WeightBinding(t, torch.device("cpu")) for t in twins]
     grads = [{n: torch.zeros_like(w) for n, w in ws.items()} for ws in weights]

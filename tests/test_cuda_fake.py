@@ -33,7 +33,7 @@ STEPS = 3
 def _stack(tied: bool = False) -> LayerStack:
     """The tiny GPT; ``tied``: its head shares the token embedding (a shared EPS entry, fetched
     and given a gradient beside both the pre and the post stage)."""
-    stack = build_stack(CFG, 0)
+    stack = build_stack(CFG, 0, materialize=True)
     if not tied:
         return stack
     stack.layers[-1].module.lm_head.weight = stack.layers[0].module.tok.weight

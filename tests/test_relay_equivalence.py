@@ -35,7 +35,7 @@ def test_relay_matches_plain_for_20_steps(family, corpus):
     assert worst_weight <= 1e-5
     # and it did train: the comparison is not between two frozen models
     assert max(float(np.abs(x - y).max()) for x, y in zip(wa, [l.layout.flatten(l.module)
-               for l in build_stack(cfg, 3).layers])) > 1e-3
+               for l in build_stack(cfg, 3, materialize=True).layers])) > 1e-3
 
 
 def test_micro_batch_count_does_not_change_the_step(corpus):
@@ -53,7 +53,7 @@ def _reference_gradients(cfg, batch, micro_batches, step, seed, *, seed_shift=0)
     """In-memory forward+backward of the whole model, micro-batch by micro-batch, of the
     batch's mean token loss, drawing each (layer, micro-batch)'s dropout masks from the
     relay's seeds."""
-    stack = build_stack(cfg, seed)
+    stack = build_stack(cfg, seed, materialize=True)
     stack.train(True)
     for mb_index, mb in enumerate(batch.split(micro_batches)):
         x = mb.inputs

@@ -48,7 +48,8 @@ def test_recompute_stops_before_the_blocks_last_projection(corpus):
 def test_gradients_equal_a_plain_recompute_bit_for_bit():
     """Early stop changes which ops run, not what backward computes."""
     torch.manual_seed(0)
-    block = build_stack(ModelConfig(layers=1, d_model=32, heads=2, seq_len=16), seed=0).layers[1].module
+    block = build_stack(ModelConfig(layers=1, d_model=32, heads=2, seq_len=16), seed=0,
+                        materialize=True).layers[1].module
     x = torch.randn(3, 16, 32)
     g = torch.randn(3, 16, 32)
     weights = {n: p.detach().clone() for n, p in block.named_parameters()}

@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
-from safetensors.numpy import load_file
 
 from .errors import UserError
 
@@ -101,6 +100,7 @@ _SAFETENSORS_DTYPES = {
     "bool": "BOOL", "complex64": "C64",
 }
 _SUPPORTED_DTYPES = frozenset(_SAFETENSORS_DTYPES)
+_NUMPY_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in _SAFETENSORS_DTYPES.items()}
 
 
 class LazyArrays(Mapping):
@@ -133,10 +133,12 @@ class LazyArrays(Mapping):
 
 @dataclass
 class Checkpoint:
-    """A verified checkpoint: its step, arrays, the trainer's meta, and where it lives."""
+    """A verified checkpoint: its step, arrays, the trainer's meta, and where it lives.
+    ``tensors`` reads each array from the file when it is asked for (a resume holds one
+    layer's state at a time, not the whole checkpoint)."""
 
     step: int
-    tensors: dict[str, np.ndarray]
+    tensors: Mapping[str, np.ndarray]
     meta: dict[str, Any]
     path: Path
 
@@ -287,7 +289,7 @@ def _write_safetensors(path: Path, tensors: Mapping[str, np.ndarray],
     dtype, shape and byte range in the data, and ``__metadata__``) padded with spaces to
     8 bytes, then the data. The header needs only the specs, so each array is made (a
     :class:`LazyArrays` reads it then), written and dropped in turn; the library's own
-    writer takes every array at once. Reading stays with the library.
+    writer takes every array at once; :func:`_read_safetensors` reads them back one at a time.
     """
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
@@ -384,10 +386,8 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(_step_dirs(ckpt_dir))]
 
 
-def load_latest(run_dir: str | os.PathLike, *, arrays: bool = True) -> Checkpoint | None:
+def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
     """Load and verify the checkpoint ``LATEST`` names; None if the run has none.
-    With ``arrays`` False the tensors are verified but not loaded (read them one at a
-    time with :func:`read_array`).
 
     Without ``LATEST``, falls back to the newest step directory that
     verifies (with a warning). Raises UserError when ``LATEST`` names a
@@ -400,7 +400,7 @@ def load_latest(run_dir: str | os.PathLike, *, arrays: bool = True) -> Checkpoin
     try:
         raw = latest.read_bytes()
     except FileNotFoundError:
-        return _load_newest_verifying(ckpt_dir, arrays)
+        return _load_newest_verifying(ckpt_dir)
     except OSError as e:
         raise UserError(f"cannot read {latest}: {e.strerror or e}") from None
     try:
@@ -413,12 +413,12 @@ def load_latest(run_dir: str | os.PathLike, *, arrays: bool = True) -> Checkpoin
     if not target.exists():
         aside = ckpt_dir / f"{_REPLACED_PREFIX}{name}"
         if aside.is_dir():  # killed while replacing this very step; the old copy is intact
-            return load_checkpoint(aside, arrays=arrays)
+            return load_checkpoint(aside)
         raise UserError(f"{latest} names {target}, which does not exist")
-    return load_checkpoint(target, arrays=arrays)
+    return load_checkpoint(target)
 
 
-def _load_newest_verifying(ckpt_dir: Path, arrays: bool = True) -> Checkpoint | None:
+def _load_newest_verifying(ckpt_dir: Path) -> Checkpoint | None:
     candidates = dict(_step_dirs(ckpt_dir))
     for p in ckpt_dir.iterdir():  # copies orphaned by a kill while replacing a step
         m = _STEP_DIR_RE.fullmatch(p.name[len(_REPLACED_PREFIX) :])
@@ -429,7 +429,7 @@ def _load_newest_verifying(ckpt_dir: Path, arrays: bool = True) -> Checkpoint | 
     errors = []
     for step in sorted(candidates, reverse=True):
         try:
-            ckpt = load_checkpoint(candidates[step], arrays=arrays)
+            ckpt = load_checkpoint(candidates[step])
         except UserError as e:
             errors.append(str(e))
             continue
@@ -443,9 +443,9 @@ def _load_newest_verifying(ckpt_dir: Path, arrays: bool = True) -> Checkpoint | 
     raise UserError(f"no checkpoint in {ckpt_dir} verifies and LATEST is missing; newest: {errors[0]}")
 
 
-def load_checkpoint(path: str | os.PathLike, *, arrays: bool = True) -> Checkpoint:
-    """Load one checkpoint directory after checking its format, size and SHA-256
-    (``arrays`` False: verify, but leave the tensors for :func:`read_array`).
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Load one checkpoint directory after checking its format, size, SHA-256 and the tensor
+    file's header; the arrays are read when asked for (:class:`Checkpoint`).
 
     Any problem raises UserError with a one-line message naming the path.
     """
@@ -500,22 +500,58 @@ def load_checkpoint(path: str | os.PathLike, *, arrays: bool = True) -> Checkpoi
         raise UserError(f"{where} is unreadable: {TENSORS_FILE}: {e.strerror or e}") from None
     if digest != info["sha256"]:
         raise UserError(f"{where} is corrupt: {TENSORS_FILE} SHA-256 mismatch")
-    if not arrays:
-        return Checkpoint(step=step, tensors={}, meta=user_meta, path=path)
     try:
-        tensors = load_file(tensor_path)
-    except Exception as e:  # safetensors raises its own error types
+        tensors = _read_safetensors(tensor_path)
+    except (OSError, ValueError) as e:
         raise UserError(f"{where} is corrupt: {TENSORS_FILE} cannot be read ({_one_line(e)})") from None
-    return Checkpoint(step=step, tensors=dict(tensors), meta=user_meta, path=path)
+    return Checkpoint(step=step, tensors=tensors, meta=user_meta, path=path)
 
 
-def read_array(checkpoint: Checkpoint, name: str) -> np.ndarray:
-    """One array of a verified checkpoint, read on its own (the file is memory-mapped)."""
-    from safetensors import safe_open
-    with safe_open(str(checkpoint.path / TENSORS_FILE), framework="numpy") as f:
-        if name not in f.keys():
-            raise UserError(f"checkpoint {checkpoint.path} has no array {name!r}")
-        return f.get_tensor(name)
+def _read_safetensors(path: Path) -> LazyArrays:
+    """A safetensors file's arrays, each read from the file when asked for.
+
+    The header is read and checked now (names, dtypes, shapes, byte ranges that tile the
+    data); an array is read with plain file reads, not a memory map, so what a resume has
+    read stops counting in the process's resident set once it is dropped.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("no header")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ValueError(f"a header of {n} bytes in a file of {size}")
+        header = json.loads(f.read(n).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    parsed = []
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype = _NUMPY_DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            start, stop = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{key}: no dtype this reader knows, shape or data offsets") from None
+        parsed.append((start, stop, key, dtype, shape))
+    base, specs, where, end = 8 + n, {}, {}, 0
+    for start, stop, key, dtype, shape in sorted(parsed, key=lambda e: e[:2]):
+        count = int(np.prod(shape, dtype=np.int64))
+        if start != end or stop - start != count * dtype.itemsize or min(shape, default=0) < 0:
+            raise ValueError(f"{key}: bytes {start}..{stop} do not hold {info['dtype']}{list(shape)} "
+                             f"after byte {end}")
+        end = stop
+        specs[key], where[key] = (shape, dtype.newbyteorder("=")), (base + start, count, dtype)
+    if base + end != size:
+        raise ValueError(f"the data ends at byte {base + end} of {size}")
+
+    def read(key: str) -> np.ndarray:
+        offset, count, dtype = where[key]
+        a = np.fromfile(path, dtype=dtype, count=count, offset=offset) if count else np.empty(0, dtype)
+        return a.astype(dtype.newbyteorder("="), copy=False).reshape(specs[key][0])
+    return LazyArrays(specs, read)
 
 
 def _hash(path: Path, fsync: bool = False) -> tuple[int, str]:

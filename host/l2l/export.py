@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_latest, read_array
+from .checkpoint import load_latest
 from .config import TrainConfig
 from .errors import UserError
 from .models.pretrained import checkpoint_keys, is_model_dir
@@ -35,7 +35,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists and is not an empty directory")
-    ck = load_latest(run_dir, arrays=False)
+    ck = load_latest(run_dir)
     if ck is None:
         raise UserError(f"{run_dir} holds no checkpoint to export")
     cfg = TrainConfig.from_dict(ck.meta["config"])
@@ -59,7 +59,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
         for file, entry_ids in zip(files, shards):
             tensors = {}
             for e in entry_ids:
-                flat = torch.from_numpy(read_array(ck, f"layer{e}.p"))
+                flat = torch.from_numpy(ck.tensors[f"layer{e}.p"])
                 for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
                     part = flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
                     tensors[key] = part.to(DTYPES[dtype]).contiguous().clone()

@@ -46,9 +46,22 @@ class EpsBackend(ABC):
     def read_state(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host copies of ``(p, m, v)`` for a checkpoint."""
 
+    def state_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(p, m, v)`` to read now and drop before the next step: a backend that keeps the
+        state in host memory returns its own arrays, read-only, so a checkpoint copies nothing
+        it does not write; the default is :meth:`read_state`'s copies."""
+        return self.read_state(layer)
+
     @abstractmethod
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         """Replace the layer's state (from a checkpoint)."""
 
     def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A view of ``a`` that cannot be written through."""
+    view = a.view()
+    view.flags.writeable = False
+    return view

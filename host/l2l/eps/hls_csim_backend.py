@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import UserError
-from .backend import EpsBackend
+from .backend import EpsBackend, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
@@ -270,6 +270,9 @@ class HlsCsimBackend(EpsBackend):
 
     def read_state(self, layer: int):
         return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
+
+    def state_view(self, layer: int):
+        return tuple(read_only(a[layer]) for a in (self._p, self._m, self._v))
 
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         pairs = ((self._p, p), (self._m, m), (self._v, v))

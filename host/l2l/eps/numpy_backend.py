@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from . import numerics
-from .backend import EpsBackend
+from .backend import EpsBackend, read_only
 from .contract import StepScalars
 
 
@@ -39,7 +39,12 @@ class NumpyBackend(EpsBackend):
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
-        g = self._reduced(self._p[layer].shape[0])
+        # a binary32 inbox is the EPS's own and not read after its update: the reduction is
+        # written over its first row (chunk by chunk, each read before it is written), so
+        # no layer-sized buffer is held; narrower gradients widen into this thread's buffer
+        first = grads[0]
+        in_place = first.dtype == np.float32 and first.flags.writeable and first.flags.c_contiguous
+        g = first if in_place else self._reduced(self._p[layer].shape[0])
         if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
             return False
         numerics.adamw_update(self._p[layer], self._m[layer], self._v[layer], g, scalars,
@@ -51,6 +56,9 @@ class NumpyBackend(EpsBackend):
 
     def read_state(self, layer: int):
         return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
+
+    def state_view(self, layer: int):
+        return tuple(read_only(a[layer]) for a in (self._p, self._m, self._v))
 
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         pairs = ((self._p, p), (self._m, m), (self._v, v))

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -348,7 +348,7 @@ class EagerParamServer:
     # ----------------------------------------------------------- checkpoints
     def state_tensors(self) -> dict[str, np.ndarray]:
         """``layer{i}.p/.m/.v`` fp32 arrays of every layer (after pending updates): a snapshot."""
-        return dict(self.state_arrays())
+        return {k: np.array(a) for k, a in self.state_arrays().items()}
 
     def state_arrays(self) -> LazyArrays:
         """The same arrays, read from the backend one entry at a time as they are asked for
@@ -361,7 +361,7 @@ class EagerParamServer:
             layer = int(key[len("layer"):key.index(".")])
             if layer not in last:
                 last.clear()
-                last[layer] = self.backend.read_state(layer) if self._on_backend(layer) else \
+                last[layer] = self.backend.state_view(layer) if self._on_backend(layer) else \
                     (np.zeros(0, np.float32),) * 3
             return last[layer]["pmv".index(key[-1])]
         specs = {f"layer{layer}.{k}": ((self._numel[layer],), np.dtype(np.float32))
@@ -371,23 +371,35 @@ class EagerParamServer:
     def state_meta(self) -> dict:
         return {"steps": {str(k): v for k, v in self._steps.items()}}
 
-    def load_state(self, tensors: dict[str, np.ndarray], meta: dict) -> None:
-        """Replace every layer's state; checked whole before anything is written."""
+    def load_state(self, tensors: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Replace every layer's state: every name, shape and step count is checked before
+        anything is written, then each layer is read and written in turn (from a
+        checkpoint's lazy arrays, one layer's state at a time)."""
         self.synchronize()
         staged = {}
         for layer in self.layers:
             try:
-                p, m, v = (tensors[f"layer{layer}.{k}"] for k in "pmv")
+                specs = [_spec(tensors, f"layer{layer}.{k}") for k in "pmv"]
                 steps = int(meta["steps"][str(layer)])
             except KeyError as exc:
                 raise ValueError(f"checkpoint lacks {exc.args[0]}") from None
-            for name, a in zip("pmv", (p, m, v)):
-                if a.shape != (self._numel[layer],) or a.dtype != np.float32:
-                    raise ValueError(f"layer{layer}.{name}: {a.dtype}{list(a.shape)}, "
+            for name, (shape, dtype) in zip("pmv", specs):
+                if shape != (self._numel[layer],) or dtype != np.float32:
+                    raise ValueError(f"layer{layer}.{name}: {dtype}{list(shape)}, "
                                      f"expected float32[{self._numel[layer]}]")
-            staged[layer] = (p, m, v, steps)
-        for layer, (p, m, v, steps) in staged.items():
+            staged[layer] = steps
+        for layer, steps in staged.items():
+            p, m, v = (tensors[f"layer{layer}.{k}"] for k in "pmv")
             self._steps[layer] = steps
             if self._on_backend(layer):
                 self.backend.write_state(layer, p, m, v)
                 self.backend.write_copy(layer, self._copies[layer])
+            del p, m, v
+
+
+def _spec(tensors: Mapping[str, np.ndarray], key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """An array's shape and dtype, without reading it when ``tensors`` are lazy."""
+    if isinstance(tensors, LazyArrays):
+        return tensors.spec(key)
+    a = tensors[key]
+    return tuple(a.shape), a.dtype

@@ -11,9 +11,9 @@ from .config import ModelConfig
 from .stack import IGNORE_INDEX, FlatLayout, Layer, LayerStack, SharedParam
 
 
-def _build_gpt(cfg: ModelConfig) -> LayerStack:
+def _build_gpt(cfg: ModelConfig, seed: int) -> LayerStack:
     from .gpt import build_gpt
-    return build_gpt(cfg)
+    return build_gpt(cfg, seed)
 
 
 def _need_transformers() -> None:
@@ -23,13 +23,13 @@ def _need_transformers() -> None:
         raise UserError("the hf-* models need Hugging Face transformers: pip install 'l2l[hf]'") from None
 
 
-def _build_hf_gpt2(cfg: ModelConfig) -> LayerStack:
+def _build_hf_gpt2(cfg: ModelConfig, seed: int) -> LayerStack:
     _need_transformers()
     from .hf import build_hf_gpt2
     return build_hf_gpt2(cfg)
 
 
-def _build_hf_bert(cfg: ModelConfig) -> LayerStack:
+def _build_hf_bert(cfg: ModelConfig, seed: int) -> LayerStack:
     _need_transformers()
     from .hf import build_hf_bert
     return build_hf_bert(cfg)
@@ -39,7 +39,7 @@ def _build_hf_bert(cfg: ModelConfig) -> LayerStack:
 class ModelFamily:
     name: str
     objective: str  # "causal": predict the next byte; "mlm": predict masked bytes
-    build: Callable[[ModelConfig], LayerStack]
+    build: Callable[[ModelConfig, int], LayerStack]  # the config and the run's seed
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -49,7 +49,7 @@ FAMILIES: dict[str, ModelFamily] = {
 }
 
 
-def _build_pretrained(cfg: ModelConfig) -> LayerStack:
+def _build_pretrained(cfg: ModelConfig, seed: int) -> LayerStack:
     _need_transformers()
     from .pretrained import build_pretrained
     return build_pretrained(cfg.family, cfg.init, cfg.seq_len)
@@ -67,12 +67,20 @@ def family(name: str) -> ModelFamily:
                     "directory (config.json and safetensors weights)")
 
 
-def build_stack(cfg: ModelConfig, seed: int) -> LayerStack:
-    """Build a model's layer stack on the CPU, initialised deterministically from ``seed``."""
+def build_stack(cfg: ModelConfig, seed: int, *, materialize: bool = False) -> LayerStack:
+    """A model's layer stack, initialised deterministically from ``seed``.
+
+    The built-in GPT and model directories come as shapes: each EPS entry's weights are
+    made (or read) when the EPS asks, one entry at a time, so training never holds the
+    whole model in torch; ``materialize`` gives every layer real CPU parameters with
+    those same weights (for computing with the modules directly)."""
     fam = family(cfg.family)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return fam.build(cfg)
+        stack = fam.build(cfg, seed)
+    if materialize:
+        stack.materialize(torch.device("cpu"))
+    return stack
 
 
 __all__ = ["FAMILIES", "IGNORE_INDEX", "FlatLayout", "Layer", "LayerStack", "ModelConfig",

@@ -7,20 +7,25 @@ on its own; see README, "Tied embeddings").
 from __future__ import annotations
 
 import math
+from functools import partial
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .config import BYTE_VOCAB, ModelConfig
-from .stack import Layer, LayerStack, token_loss_sum
+from ..seeds import derive_seed
+from .stack import FlatLayout, Layer, LayerStack, token_loss_sum
 
 
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab: int):
         super().__init__()
-        self.tok = nn.Embedding(vocab, cfg.d_model)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # shapes only: the weights come from the stack's source (nn.Embedding's own init
+        # draws normal_, which on the meta device imports torch's compiler, ~70 MB resident)
+        self.tok = nn.Embedding.from_pretrained(torch.empty(vocab, cfg.d_model), freeze=False)
+        self.pos = nn.Embedding.from_pretrained(torch.empty(cfg.seq_len, cfg.d_model), freeze=False)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -71,25 +76,37 @@ class Head(nn.Module):
         return token_loss_sum(self.lm_head(self.ln(x)), targets)
 
 
-def _init_weights(module: nn.Module, std: float, resid_std: float) -> None:
-    for name, p in module.named_parameters():
+def _initial_weights(layout: FlatLayout, seed: int, std: float, resid_std: float) -> np.ndarray:
+    """One layer's initial weights as its flat vector, drawn from a generator of its own:
+    biases 0, norm gains 1, matrices normal with std 0.02 (residual projections scaled
+    by ``1/sqrt(2 * layers)``, as GPT-2 does)."""
+    flat = np.empty(layout.numel, dtype=np.float32)
+    generator = torch.Generator().manual_seed(seed)
+    for name, view in layout.views(torch.from_numpy(flat)).items():
         if name.endswith("bias"):
-            nn.init.zeros_(p)
-        elif p.dim() == 1:  # LayerNorm gain
-            nn.init.ones_(p)
+            view.zero_()
+        elif view.dim() == 1:  # LayerNorm gain
+            view.fill_(1.0)
         else:
-            nn.init.normal_(p, 0.0, resid_std if name.endswith(("proj.weight", "out.weight")) else std)
+            view.normal_(0.0, resid_std if name.endswith(("proj.weight", "out.weight")) else std,
+                         generator=generator)
+    return flat
 
 
-def build_gpt(cfg: ModelConfig) -> LayerStack:
-    """Build the stack layer by layer (the caller seeds the RNG)."""
+def build_gpt(cfg: ModelConfig, seed: int) -> LayerStack:
+    """The stack as shapes (meta tensors); each layer's initial weights are made when the
+    EPS reads them (``Layer.source``), from a seed of its own derived from ``seed``, so the
+    model is never whole in memory and any layer can be made alone, in any order."""
     if cfg.d_model % cfg.heads:
         raise ValueError("d_model must be a multiple of heads")
     std, resid_std = 0.02, 0.02 / math.sqrt(2 * cfg.layers)
-    layers = [Layer("pre", "pre", Embeddings(cfg, BYTE_VOCAB))]
-    for i in range(cfg.layers):
-        layers.append(Layer(f"block.{i}", "block", Block(cfg)))
-    layers.append(Layer("post", "post", Head(cfg, BYTE_VOCAB)))
-    for layer in layers:
-        _init_weights(layer.module, std, resid_std)
+    with torch.device("meta"):
+        modules = [("pre", "pre", Embeddings(cfg, BYTE_VOCAB))]
+        modules += [(f"block.{i}", "block", Block(cfg)) for i in range(cfg.layers)]
+        modules.append(("post", "post", Head(cfg, BYTE_VOCAB)))
+    layers = []
+    for i, (name, kind, module) in enumerate(modules):
+        layer = Layer(name, kind, module)
+        layer.source = partial(_initial_weights, layer.layout, derive_seed(seed, "gpt-init", i), std, resid_std)
+        layers.append(layer)
     return LayerStack(layers, cfg.to_dict(), BYTE_VOCAB)

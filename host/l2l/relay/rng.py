@@ -8,16 +8,12 @@ generator state needs checkpointing.
 """
 from __future__ import annotations
 
-import hashlib
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
 
-
-def derive_seed(base: int, *key: int) -> int:
-    digest = hashlib.blake2b(repr((base, *key)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+from ..seeds import derive_seed  # noqa: F401  (the relay's seeds are derived here, too)
 
 
 @contextmanager
