@@ -21,6 +21,8 @@ stores.
 :func:`memory_status` reads what the kernel says the process holds (resident set
 and its peak), the measurement the training log, the run summary and
 ``l2l bench load`` report; :func:`reset_peak_resident` starts a new peak.
+:func:`available_memory` is what a new process could take now, the limit
+``l2l plan --fit`` plans against by default.
 """
 from __future__ import annotations
 
@@ -87,3 +89,18 @@ def reset_peak_resident() -> bool:
         return False
     s = memory_status()
     return s["VmHWM"] <= s["VmRSS"] + (1 << 20)
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel reckons a new process could take now without swapping
+    (``MemAvailable`` in ``/proc/meminfo``: free memory plus the page cache and
+    slabs it can reclaim); None where there is no such figure (not Linux)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemAvailable":
+            return int(value.split()[0]) * 1024  # the kernel writes kB
+    return None

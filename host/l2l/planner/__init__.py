@@ -4,7 +4,8 @@
 on the machine's rates (:func:`predict`, :func:`choose_micro_batches`),
 ``measure.py`` measures those rates here and calibrates them on real relay
 steps, ``report.py`` prints the result, ``forecast.py`` is what ``l2l train``
-prints beside its measured figures and ``command.py`` is ``l2l plan``.
+prints beside its measured figures, ``fit.py`` finds the largest model that
+fits the machine's memory (``l2l plan --fit``) and ``command.py`` is ``l2l plan``.
 """
 from .measure import calibrate, fit_calibration, measure_rates, time_relay_steps
 from .model import MicroBatchChoice, Prediction, Rates, choose_micro_batches, predict

@@ -1,4 +1,4 @@
-"""``l2l plan``: the command line of the planner."""
+"""``l2l plan``: the command line of the planner (``--fit``: the search is ``fit.py``'s)."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,12 @@ from dataclasses import asdict, replace
 
 from ..build import resolve_device
 from ..config import TrainConfig
+from ..errors import UserError
+from ..hostmem import available_memory
+from .fit import SEARCHES, Limits, count, describe, fit
 from .measure import calibrate, measure_rates
 from .model import Rates, choose_micro_batches, predict
-from .report import format_plan
+from .report import format_plan, mib
 from ..options import BATCH, DEVICE, EPS, MODEL, RELAY, Parser, add_options, config_from
 from .shapes import dtype_bytes_of
 
@@ -32,6 +35,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-calibrate", action="store_true", help="skip the relay steps that calibrate the efficiency")
     p.add_argument("--memory-budget-gib", type=float, default=None, help="device memory for choosing M")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--fit", nargs="?", const="layers", default=None, choices=SEARCHES,
+                   help="print the largest model that fits this machine's memory, searching layers (default) "
+                        "or d-model; the other shape options as given; nothing is measured")
+    p.add_argument("--host-memory", type=float, default=None, metavar="GIB",
+                   help="with --fit: host memory to fit in, GiB (default: available now, MemAvailable)")
+    p.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+                   help="with --fit on CUDA: device memory to fit in, GiB (default: free now; given, "
+                        "--device cuda needs no GPU here)")
     return p
 
 
@@ -65,6 +76,10 @@ def _rates_of(args, cfg: TrainConfig, dtype_bytes: int) -> Rates:
 
 def run_plan(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.fit is not None:
+        return _run_fit(args)
+    if args.host_memory is not None or args.device_memory is not None:
+        raise UserError("--host-memory and --device-memory apply to --fit")
     cfg = config_from(args, progress=False).check()
     db = dtype_bytes_of(cfg, args.dtype_bytes)
     rates = _rates_of(args, cfg, db)
@@ -76,4 +91,98 @@ def run_plan(argv: list[str]) -> int:
                           "micro_batches": asdict(choice)}, indent=2, default=str))
     else:
         print(format_plan(prediction, rates, choice))
+    return 0
+
+
+# ---------------------------------------------------------------- --fit
+
+_RATE_OPTIONS = ("flops", "link_gbps", "eps_rate", "efficiency", "per_call_us", "memory_budget_gib")
+
+
+def _gib(flag: str, value: float) -> int:
+    if not (value > 0 and math.isfinite(value)):
+        raise UserError(f"{flag} must be a positive number of GiB (got {value})")
+    return int(value * 2**30)
+
+
+def _limits(args) -> tuple[Limits, str, str]:
+    """The limits, and where each came from (for the report)."""
+    on_cuda = args.device == "cuda" and args.device_memory is not None or resolve_device(args.device).type == "cuda"
+    if args.host_memory is not None:
+        host, host_from = _gib("--host-memory", args.host_memory), "given (--host-memory)"
+    else:
+        host, host_from = available_memory(), "available (MemAvailable)"
+        if host is None:
+            raise UserError("this machine's available memory is unknown (no /proc/meminfo): give --host-memory GIB")
+    if not on_cuda:
+        if args.device_memory is not None:
+            raise UserError("--device-memory applies to a CUDA device; the CPU device's memory is host memory "
+                            "(--host-memory)")
+        return Limits(host), host_from, ""
+    if args.device_memory is not None:
+        return Limits(host, _gib("--device-memory", args.device_memory)), host_from, "given (--device-memory)"
+    import torch
+    free, _ = torch.cuda.mem_get_info(resolve_device(args.device))
+    return Limits(host, free), host_from, "free (cuda mem_get_info)"
+
+
+def _train_flags(cfg: TrainConfig, device: str) -> str:
+    """The ``l2l train`` options that give the found model the memory it was planned with."""
+    flags = ["--model", cfg.model, "--layers", cfg.layers, "--d-model", cfg.d_model, "--heads", cfg.heads,
+             "--seq-len", cfg.seq_len, "--batch-size", cfg.batch_size, "--micro-batches", cfg.micro_batches]
+    default = TrainConfig()
+    for flag in ("dropout", "stash", "precision", "devices"):
+        if getattr(cfg, flag) != getattr(default, flag):
+            flags += ["--" + flag, getattr(cfg, flag)]
+    if device != "auto":
+        flags += ["--device", device]
+    return "l2l train " + " ".join(str(f) for f in flags)
+
+
+def _run_fit(args) -> int:
+    from ..models.pretrained import is_model_dir
+    if is_model_dir(args.model):
+        raise UserError(f"--fit searches the built-in models' shape; {args.model} is a model directory, "
+                        "whose config fixes it")
+    given = [o for o in _RATE_OPTIONS if getattr(args, o) is not None] + (["no_calibrate"] if args.no_calibrate else [])
+    if given:
+        raise UserError(f"--fit plans memory alone, which no rate changes: drop --{given[0].replace('_', '-')}")
+    limits, host_from, device_from = _limits(args)
+    cfg = config_from(args, progress=False)
+    if args.fit == "d-model":
+        cfg = replace(cfg, d_model=cfg.heads)  # searched; checked as the smallest, heads wide
+    cfg = cfg.check()
+    found = fit(cfg, limits, args.fit, dtype_bytes=args.dtype_bytes)
+    s, n = found.found, found.next
+    shaped = replace(cfg, layers=s.layers, d_model=s.d_model)
+    train = _train_flags(shaped, args.device)
+    if args.json:
+        print(json.dumps({
+            "fit": found.search, "model": cfg.model, "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
+            "params": s.params, "host_bytes": s.host_bytes, "host_limit_bytes": limits.host_bytes,
+            "host_limit_from": host_from, "device": "cuda" if limits.on_cuda else "cpu",
+            "device_bytes": s.device_bytes, "device_limit_bytes": limits.device_bytes, "binding": found.binding,
+            "next": None if n is None else {"layers": n.layers, "d_model": n.d_model, "params": n.params,
+                                            "host_bytes": n.host_bytes, "device_bytes": n.device_bytes,
+                                            "over": sorted(n.over(limits))},
+            "train": train}, indent=2))
+        return 0
+    mark = {found.binding: "  <- binds"}
+    lines = [f"l2l plan --fit {found.search}: {describe(cfg.model, s)}",
+             f"  host:   {mib(s.host_bytes)} predicted of {mib(limits.host_bytes)} {host_from}" + mark.get("host", "")]
+    if limits.on_cuda:
+        lines.append(f"  device: {mib(s.device_bytes)} predicted of {mib(limits.device_bytes)} {device_from}"
+                     + mark.get("device", ""))
+    else:
+        lines.append("  device: the CPU (counted in host)")
+    if n is None:
+        lines.append(f"  next:   none: the search stops at {s.layers if found.search == 'layers' else s.d_model}")
+    else:
+        size = f"{n.layers} layers" if found.search == "layers" else f"d{n.d_model}"
+        needs = [f"{where} {mib(need)} ({mib(need - limit)} over)" for where, need, limit in
+                 (("host", n.host_bytes, limits.host_bytes), ("device", n.device_bytes, limits.device_bytes))
+                 if where in n.over(limits)]
+        lines.append(f"  next:   {size} ({count(n.params)} parameters) would need " + " and ".join(needs))
+    lines.append(f"  train:  {train}")
+    print("\n".join(lines))
     return 0
