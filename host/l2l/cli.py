@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from .errors import PeerLostError, UserError
-from .hostmem import tune_host_allocator
+from .hostmem import record_runtime_resident, tune_host_allocator
 from .options import EPS, TRAIN, Parser, add_options, config_from
 
 
@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "
                                      "memory (device memory vs depth and M), workers (1, 2, 4 relay workers on one EPS), "
-                                     "load (host memory of loading a checkpoint), suite (eps, relay and memory, with headline figures)")
-    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps | memory | workers | load | suite")
+                                     "load (host memory of loading a checkpoint), host (host memory of whole runs vs the planner), suite (eps, relay and memory, with headline figures)")
+    b.add_argument("what", nargs="?", default="relay", help="relay (default) | eps | memory | workers | load | host | suite")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see `l2l bench relay --help`)")
     return parser
 
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     tune_host_allocator()
+    record_runtime_resident()  # before any model: the planner's fixed host cost
     try:
         if argv[:1] == ["plan"]:  # all of its options are the planner's own (argparse REMAINDER
             from .planner.command import run_plan  # cannot take a leading --option)

@@ -104,3 +104,19 @@ def available_memory() -> int | None:
         if key == "MemAvailable":
             return int(value.split()[0]) * 1024  # the kernel writes kB
     return None
+
+
+_runtime_resident: int | None = None
+
+
+def record_runtime_resident() -> None:
+    """Note the resident set now as the runtime's own (the ``l2l`` command calls this as it
+    starts, torch and l2l imported, no model built): the planner's fixed host cost."""
+    global _runtime_resident
+    import torch  # noqa: F401  (the runtime is mostly torch's: count it whether or not it was imported yet)
+    _runtime_resident = memory_status().get("VmRSS")
+
+
+def runtime_resident() -> int | None:
+    """What :func:`record_runtime_resident` noted; None when it was not called (or not Linux)."""
+    return _runtime_resident

@@ -23,7 +23,7 @@ from .config import TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
 from .errors import UserError
-from .hostmem import memory_status
+from .hostmem import memory_status, runtime_resident
 from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
@@ -46,6 +46,8 @@ class RunSummary:
     device_peak_bytes: int
     device_weight_peak_bytes: int
     host_peak_bytes: int | None = None  # the process's peak resident set (VmHWM), build to summary
+    host_runtime_bytes: int | None = None  # its resident set as the l2l command started, before any model
+    params: int | None = None
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
 
@@ -133,16 +135,22 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if saved is not None:
         _check_resumable(cfg, saved.meta, stack, saved.path)
     distributed.barrier()  # every machine has checked the run directory before rank 0 writes to it
+    # the forecast before the model: its fixed host cost is what the process holds now, and
+    # what its measurements allocate is reused by the EPS instead of adding to the peak;
+    # under torchrun the others would wait on rank 0's calibration: plan only when asked
+    plan_mode = cfg.plan_mode if world == 1 or cfg.plan else "off"
+    plan = forecast(cfg, device, plan_mode) if saved is None or saved.step < cfg.steps else None
+    distributed.barrier()
     engine = build_engine(cfg, stack, device, rank=rank, world=world)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, rank, world)
+        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, plan, rank, world)
     finally:
         engine.close()
 
 
-def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, saved, rank=0,
+def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, saved, plan, rank=0,
          world=1) -> RunSummary:
     main = rank == 0
     start = 0
@@ -164,10 +172,6 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         + (f", {world} machines" if world > 1 else "") + f"; data: {corpus.description}")
     if saved is not None:
         say(f"l2l: resumed from {saved.path} at step {start}")
-    # under torchrun the others would wait on rank 0's calibration: plan only when asked
-    plan_mode = cfg.plan_mode if world == 1 or cfg.plan else "off"
-    plan = forecast(cfg, device, plan_mode) if start < cfg.steps else None
-    distributed.barrier()
     if plan is not None:
         say(f"l2l: plan ({'calibrated' if plan.calibrated else 'uncalibrated'}) {plan.text}")
     if start == 0:
@@ -234,7 +238,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          final_val_loss=last_val, final_loss=last_loss,
                          mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
                          device_peak_bytes=peak, device_weight_peak_bytes=weight_peak,
-                         host_peak_bytes=memory_status().get("VmHWM"))
+                         host_peak_bytes=memory_status().get("VmHWM"), host_runtime_bytes=runtime_resident(),
+                         params=stack.num_params)
     summary.machines_weights_sha256 = digests
     if plan is not None and step_times:
         line, summary.plan = plan.compare(step_times, peak, summary.host_peak_bytes)

@@ -3,14 +3,15 @@
 relay (step time against the plain baseline), eps (update throughput against the
 memory roofline), memory (device memory against depth and M, ledger and audit),
 workers (1, 2, 4 relay workers on one EPS), load (host memory of loading a
-Hugging Face checkpoint into the EPS, and two training steps after it), suite (eps, relay and memory, with the
+Hugging Face checkpoint into the EPS, and two training steps after it), host (peak
+resident set of whole training runs against the planner's host figure), suite (eps, relay and memory, with the
 headline figures, and ``docs/results.md`` regenerated).
 """
 from __future__ import annotations
 
 from ..errors import UserError
 
-BENCHMARKS = ("relay", "eps", "memory", "workers", "load", "suite")
+BENCHMARKS = ("relay", "eps", "memory", "workers", "load", "host", "suite")
 
 
 def run_bench(what: str, argv: list[str]) -> int:
@@ -29,6 +30,9 @@ def run_bench(what: str, argv: list[str]) -> int:
     elif what == "load":
         from .load import run_load_bench
         return run_load_bench(argv)
+    elif what == "host":
+        from .host import run_host_bench
+        return run_host_bench(argv)
     elif what == "suite":
         from .suite import run_suite
         return run_suite(argv)

@@ -39,14 +39,14 @@ BEGIN = "<!-- l2l bench suite: begin -->"
 END = "<!-- l2l bench suite: end -->"
 
 
-def regenerate_section(path: Path, block: str) -> None:
-    """Replace the text between :data:`BEGIN` and :data:`END` in ``path`` with ``block``
+def regenerate_section(path: Path, block: str, *, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the text between the markers ``begin`` and ``end`` in ``path`` with ``block``
     (appended, with the markers, when the file has none); everything else stays."""
     text = path.read_text() if path.exists() else ""
-    fresh = f"{BEGIN}\n{block.strip()}\n{END}"
-    if BEGIN in text and END in text.split(BEGIN, 1)[1]:
-        before, rest = text.split(BEGIN, 1)
-        text = before + fresh + rest.split(END, 1)[1]
+    fresh = f"{begin}\n{block.strip()}\n{end}"
+    if begin in text and end in text.split(begin, 1)[1]:
+        before, rest = text.split(begin, 1)
+        text = before + fresh + rest.split(end, 1)[1]
     else:
         text = (text.rstrip() + "\n\n" if text else "") + fresh + "\n"
     tmp = path.with_name(path.name + ".tmp")

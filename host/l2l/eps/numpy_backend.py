@@ -39,12 +39,7 @@ class NumpyBackend(EpsBackend):
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
-        # a binary32 inbox is the EPS's own and not read after its update: the reduction is
-        # written over its first row (chunk by chunk, each read before it is written), so
-        # no layer-sized buffer is held; narrower gradients widen into this thread's buffer
-        first = grads[0]
-        in_place = first.dtype == np.float32 and first.flags.writeable and first.flags.c_contiguous
-        g = first if in_place else self._reduced(self._p[layer].shape[0])
+        g = self._reduced(self._p[layer].shape[0])
         if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
             return False
         numerics.adamw_update(self._p[layer], self._m[layer], self._v[layer], g, scalars,

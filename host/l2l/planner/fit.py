@@ -29,6 +29,7 @@ from typing import Callable
 
 from ..config import TrainConfig
 from ..errors import UserError
+from .measure import runtime_of_this_process
 from .model import Rates, predict
 from .shapes import dtype_bytes_of
 
@@ -44,7 +45,7 @@ CUDA_LINK_BYTES_PER_S = 25e9  # any finite link: on CUDA the prefetched next lay
 def fit_rates(on_cuda: bool) -> Rates:
     """Fixed rates for a memory-only prediction: zero-copy on the CPU, a finite link on CUDA."""
     return Rates(flops_per_s=1e12, link_bytes_per_s=CUDA_LINK_BYTES_PER_S if on_cuda else None,
-                 device="cuda" if on_cuda else "cpu")
+                 device="cuda" if on_cuda else "cpu", **runtime_of_this_process())
 
 
 @dataclass(frozen=True)

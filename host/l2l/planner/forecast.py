@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..config import TrainConfig
+from ..hostmem import memory_status
 from .measure import calibrate, calibration_micro_batches, measure_rates
 from .model import predict
 from .report import summary_line
@@ -32,7 +33,7 @@ CALIBRATION_FREE_S = 3.0  # or at most this many seconds
 class Forecast:
     step_s: float
     device_bytes: int      # what the relay's ledger peaks at (device_peak_bytes on the CPU)
-    host_bytes: int        # the planner's host memory: EPS state and host stash
+    host_bytes: int        # the planner's host memory: the process's peak resident set
     calibrated: bool
     text: str              # the planner's one-line summary
 
@@ -46,9 +47,9 @@ class Forecast:
         line = (f"l2l: step time {measured:.3f} s measured (median), {self.step_s:.3f} s predicted "
                 f"({err:+.0%}{'' if self.calibrated else ', uncalibrated'}); device peak "
                 f"{device_peak_bytes / 2**20:,.1f} MiB measured, {self.device_bytes / 2**20:,.1f} MiB predicted")
-        if host_peak_bytes:  # the planner counts the EPS state and stash, not the runtime around them (issue 16)
-            line += (f"; host peak {host_peak_bytes / 2**30:,.2f} GiB measured (whole process), "
-                     f"{self.host_bytes / 2**30:,.2f} GiB predicted (EPS state and stash)")
+        if host_peak_bytes:
+            line += (f"; host peak {host_peak_bytes / 2**30:,.2f} GiB measured, {self.host_bytes / 2**30:,.2f} GiB "
+                     f"predicted ({host_peak_bytes / self.host_bytes - 1:+.0%})")
         record = {"predicted_step_s": self.step_s, "measured_step_s": measured,
                   "predicted_device_bytes": self.device_bytes, "predicted_host_bytes": self.host_bytes,
                   "measured_host_peak_bytes": host_peak_bytes, "plan_calibrated": self.calibrated}
@@ -56,10 +57,14 @@ class Forecast:
 
 
 def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | None:
-    """The planner's prediction for ``cfg`` on ``device`` (None for the plain engine or mode off)."""
+    """The planner's prediction for ``cfg`` on ``device`` (None for the plain engine or mode off);
+    call it before building the model: the host figure starts from what the process holds."""
     if mode == "off" or cfg.engine != "l2l":
         return None
+    runtime = memory_status().get("VmRSS")  # called before the model: the run's fixed host cost
     rates = measure_rates(device, cfg, calibrate_steps=False)
+    if runtime:
+        rates = replace(rates, runtime_bytes=runtime)
     calibrated = mode == "calibrated"
     if mode == "auto":
         budget = max(CALIBRATION_FREE_S, CALIBRATION_SHARE * predict(cfg, rates).step_s * cfg.steps)
@@ -67,7 +72,11 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
     if calibrated:
         rates = calibrate(cfg, rates, device)
     p = predict(cfg, rates)
-    return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes, host_bytes=p.host_total_bytes,
+    # the peak so far (imports, the data, these measurements) bounds the run's from below:
+    # a small model's EPS fits in what the measurements freed
+    peak_so_far = memory_status().get("VmHWM", 0)
+    return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes,
+                    host_bytes=max(p.host_total_bytes, peak_so_far),
                     calibrated=calibrated,
                     text=summary_line(p))
 

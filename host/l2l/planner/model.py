@@ -60,6 +60,8 @@ from ..config import TrainConfig
 from ..errors import UserError
 from .shapes import EPS_STATE_BYTES, INBOXES_IN_FLIGHT, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
+RUNTIME_BYTES = 240 << 20  # an idle process with torch 2.13 and l2l imported, this project's CPU machine
+
 # ---------------------------------------------------------------- rates
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Rates:
     fitted by :func:`calibrate`; given rates default to the pure-FLOP model
     (1 and 0). ``link_bytes_per_s`` is host->device, None for a zero-copy
     device (the CPU); ``link_out_bytes_per_s`` device->host, defaulting to it.
+    ``runtime_bytes`` is what the process holds before it builds a model.
     """
 
     flops_per_s: float
@@ -82,6 +85,9 @@ class Rates:
     link_out_bytes_per_s: float | None = None
     device: str = "cpu"
     notes: dict = field(default_factory=dict, compare=False)
+    # the resident set of a process that has imported torch and l2l and holds no model:
+    # measured as the command starts (hostmem.runtime_resident), this default otherwise
+    runtime_bytes: int = RUNTIME_BYTES
 
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0 or not self.eps_elems_per_s > 0 or not self.efficiency > 0:
@@ -137,7 +143,10 @@ class Prediction:
     device_total_bytes: int      # ledger + activations
     host_eps_bytes: int          # EPS state: p, m, v, device copy; the inboxes in flight
     host_stash_bytes: int        # --stash host: the stashed boundaries
-    host_total_bytes: int
+    host_runtime_bytes: int      # the process before any model: torch and l2l imported
+    host_transient_bytes: int    # a few layers' worth: build, gradient temporaries, reduction;
+    #                              on the CPU device also the device's own memory (stash, activations)
+    host_total_bytes: int        # the process's peak resident set: the four above
     rates: dict
     layers_detail: list[dict] = field(default_factory=list)
 
@@ -320,6 +329,25 @@ def activation_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) ->
     return max(block, (2 * vocab + 2 * d) * t) * db
 
 
+def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, act_bytes: int,
+                         on_cuda: bool) -> int:
+    """Host memory beyond the EPS state that a few layers set, at the step's peak.
+
+    Measured on the CPU with ``/proc/self/status`` at every layer boundary (GPT 16 x d1024,
+    fp32 and bf16): building the EPS leaves one layer's fp32 initial weights with the
+    allocator (4 bytes a parameter of the largest layer); a layer's backward makes its
+    weight gradients before adding them to the inbox (about one layer in the compute
+    dtype, per worker); the NumPy EPS reduces the contributions into one fp32 buffer
+    of the largest layer before it updates. On the CPU
+    device the device's memory is host memory: the relay's stash and boundaries (its
+    ledger, less the weights and gradients, which are the EPS's own arrays there) and one
+    layer's activations."""
+    transient = largest * 4 + largest * db * cfg.devices + largest * 4
+    if not on_cuda:
+        transient += ledger["device"] - ledger["weights"] + act_bytes
+    return transient
+
+
 def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int) -> dict:
     """The step on the link's timelines, and again with a free link: what the transfers add."""
     passes = pass_schedule(cfg, shapes, rates, db)
@@ -349,10 +377,12 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     # the ledger counts weights at fetch; with prefetch the next layer's are also resident
     device_ledger = ledger["device"] + (weights - ledger["weights"])
     params = sum(s.params - s.counted_before for s in shapes)
+    largest = max(s.params for s in shapes)
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
-    inboxes = INBOXES_IN_FLIGHT * max(s.params for s in shapes) * db * cfg.devices
+    inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
     host_eps = params * (EPS_STATE_BYTES + db) + inboxes
+    transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0
     for p in passes:
@@ -384,7 +414,8 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
         device_weight_bytes=weights, device_ledger_bytes=device_ledger,
         activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
         host_eps_bytes=host_eps, host_stash_bytes=ledger["host_stash"],
-        host_total_bytes=host_eps + ledger["host_stash"],
+        host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
+        host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient,
         rates=rates.to_dict(), layers_detail=detail)
 
 

@@ -58,11 +58,14 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
         f"{'  ledger (weights, stash)':<26}{mib(p.device_ledger_bytes):>14}   "
         + ("= device_peak_bytes on the CPU" if rates.zero_copy else "what the relay holds across layers"),
         f"{'  activations (rough)':<26}{mib(p.activation_bytes):>14}   one layer's recompute, one micro-batch",
-        f"{'host memory':<26}{mib(p.host_total_bytes):>14}",
+        f"{'host memory (peak RSS)':<26}{mib(p.host_total_bytes):>14}",
+        f"{'  runtime':<26}{mib(p.host_runtime_bytes):>14}   torch and l2l, no model",
         f"{'  EPS state':<26}{mib(p.host_eps_bytes):>14}   {12 + p.dtype_bytes} bytes/param and 2 layers' inboxes",
+        f"{'  transients':<26}{mib(p.host_transient_bytes):>14}   a few layers"
+        + (", and the CPU device's stash and activations" if rates.zero_copy else ""),
     ]
     if p.host_stash_bytes:
-        lines.append(f"{'  stash':<26}{mib(p.host_stash_bytes):>14}")
+        lines.append(f"{'  host stash':<26}{mib(p.host_stash_bytes):>14}")
     if choice is not None:
         lines += ["", f"micro-batches: {choice.micro_batches if choice.micro_batches else 'none'} -- {choice.reason}",
                   f"{'M':>5} {'step (s)':>9} {'hidden':>7} {'waits':>6} {'device':>12} {'fits':>5}"]

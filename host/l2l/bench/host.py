@@ -1,0 +1,94 @@
+"""``l2l bench host``: the host memory of whole training runs against the planner's figure.
+
+Each configuration is one ``l2l train`` in a process of its own (model build, the
+step-0 evaluation, two steps, a checkpoint after each, the final evaluation), as a
+user runs it. The run's ``summary.json`` gives its peak resident set (``VmHWM``), its
+resident set as the command started (torch and l2l imported, no model: the idle
+process) and the planner's prediction (``--plan quick``: memory needs no
+calibration). The table shows bytes per parameter above the idle process, the byte
+budget's floor (12 + the device copy's bytes) and the prediction's error.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..options import Parser
+from .output import save_results
+
+SIZES = {"quick": [(2, 64, 4)], "full": [(8, 1024, 16), (16, 1024, 16), (64, 512, 8)]}
+BEGIN = "<!-- l2l bench host: begin -->"
+END = "<!-- l2l bench host: end -->"
+
+
+def _parser() -> Parser:
+    p = Parser(prog="l2l bench host", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="one tiny model: checks the benchmark runs")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    p.add_argument("--stash", nargs="+", default=["device", "host"])
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--results", default=None,
+                   help=f"Markdown file whose section between {BEGIN} and {END} is regenerated "
+                        "(default: docs/results.md when it exists here, not with --quick)")
+    return p
+
+
+def measure(layers: int, d_model: int, heads: int, precision: str, stash: str, workdir: Path) -> dict:
+    """One ``l2l train`` run's host figures, from its summary."""
+    out = workdir / f"L{layers}-d{d_model}-{precision}-{stash}"
+    cmd = [sys.executable, "-m", "l2l", "train", "--layers", str(layers), "--d-model", str(d_model),
+           "--heads", str(heads), "--seq-len", "64", "--batch-size", "2", "--micro-batches", "1",
+           "--steps", "2", "--save-every", "1", "--eval-batches", "1", "--precision", precision,
+           "--stash", stash, "--plan", "quick", "--no-plot", "--out", str(out)]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    s = json.loads((out / "summary.json").read_text())
+    peak, idle, params = s["host_peak_bytes"], s["host_runtime_bytes"], s["params"]
+    predicted = s["plan"]["predicted_host_bytes"]
+    return {"layers": layers, "d_model": d_model, "precision": precision, "stash": stash, "params": params,
+            "idle_bytes": idle, "peak_bytes": peak, "predicted_bytes": predicted,
+            "bytes_per_param": (peak - idle) / params, "floor_bytes_per_param": 12 + (4 if precision == "fp32" else 2),
+            "prediction_error": peak / predicted - 1, "run_s": time.perf_counter() - t0}
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    lines = ["### Host memory of whole training runs",
+             "",
+             f"`{command}`: per row one `l2l train` (build, evaluation, 2 steps of batch 2 x 64 tokens, "
+             "a checkpoint after each), GPT on the CPU. *Bytes/param*: peak resident set above the idle "
+             "process (torch and l2l imported), per parameter; *floor*: the EPS's p, m, v and device copy.",
+             "",
+             "| model | params | precision | stash | idle GiB | peak GiB | bytes/param | floor | predicted GiB | error |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['layers']} x d{r['d_model']} | {r['params'] / 1e6:.1f}M | {r['precision']} | {r['stash']} "
+                     f"| {r['idle_bytes'] / 2**30:.2f} | {r['peak_bytes'] / 2**30:.2f} | {r['bytes_per_param']:.2f} "
+                     f"| {r['floor_bytes_per_param']} | {r['predicted_bytes'] / 2**30:.2f} "
+                     f"| {r['prediction_error']:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_host_bench(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "full"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="l2l-bench-host-") as tmp:
+        for layers, d, heads in sizes:
+            for precision in args.precisions:
+                for stash in args.stash:
+                    rows.append(measure(layers, d, heads, precision, stash, Path(tmp)))
+                    r = rows[-1]
+                    print(f"{layers} x d{d} {precision} {stash}: {r['bytes_per_param']:.2f} bytes/param, "
+                          f"prediction {r['prediction_error']:+.1%}", flush=True)
+    command = " ".join(["l2l bench host", *argv])
+    table = markdown(rows, command)
+    save_results(args.out, "host", {"command": command, "rows": rows}, table)
+    results = args.results if args.results is not None else ("" if args.quick else "docs/results.md")
+    if results and Path(results).exists():
+        from .suite import regenerate_section
+        regenerate_section(Path(results), table, begin=BEGIN, end=END)
+    return 0
