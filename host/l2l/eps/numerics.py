@@ -53,6 +53,20 @@ def _reduce(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray)
     return finite
 
 
+def unreduced(grads: Sequence[np.ndarray], inv_scale: np.float32) -> np.ndarray | None:
+    """The reduced gradient with no buffer, where the reduction is the identity: one
+    binary32 contribution and a scale of 1 (``g * 1`` is ``g``, bit for bit); else None."""
+    if len(grads) != 1 or inv_scale != np.float32(1.0):
+        return None
+    g = grads[0]
+    return g if g.dtype == np.float32 and g.ndim == 1 and g.flags.c_contiguous else None
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """Whether every element is finite, a chunk at a time (no array of flags the size of ``a``)."""
+    return all(bool(np.isfinite(a[lo:lo + CHUNK]).all()) for lo in range(0, a.shape[0], CHUNK))
+
+
 class _Scratch:
     """Per-thread scratch for one chunk, so an update allocates nothing per call."""
 

@@ -39,9 +39,14 @@ class NumpyBackend(EpsBackend):
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
-        g = self._reduced(self._p[layer].shape[0])
-        if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
-            return False
+        g = numerics.unreduced(grads, scalars.inv_scale)  # one unscaled binary32 contribution: itself
+        if g is not None:
+            if not numerics.all_finite(g):
+                return False
+        else:
+            g = self._reduced(self._p[layer].shape[0])
+            if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
+                return False
         numerics.adamw_update(self._p[layer], self._m[layer], self._v[layer], g, scalars,
                               copy_out=copy_out, scratch=self._scratch())
         return True
