@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="print the largest model that fits this machine's memory, searching layers (default) "
                         "or d-model; the other shape options as given; nothing is measured")
     p.add_argument("--host-memory", type=float, default=None, metavar="GIB",
-                   help="with --fit: host memory to fit in, GiB (default: available now, MemAvailable)")
+                   help="with --fit: host memory to fit in, GiB (default: 95%% of what is available now, MemAvailable)")
     p.add_argument("--device-memory", type=float, default=None, metavar="GIB",
                    help="with --fit on CUDA: device memory to fit in, GiB (default: free now; given, "
                         "--device cuda needs no GPU here)")
@@ -105,15 +105,22 @@ def _gib(flag: str, value: float) -> int:
     return int(value * 2**30)
 
 
+HOST_SHARE = 0.95  # of MemAvailable, what --fit plans to use by default
+
+
 def _limits(args) -> tuple[Limits, str, str]:
     """The limits, and where each came from (for the report)."""
     on_cuda = args.device == "cuda" and args.device_memory is not None or resolve_device(args.device).type == "cuda"
     if args.host_memory is not None:
         host, host_from = _gib("--host-memory", args.host_memory), "given (--host-memory)"
     else:
-        host, host_from = available_memory(), "available (MemAvailable)"
-        if host is None:
+        available = available_memory()
+        if available is None:
             raise UserError("this machine's available memory is unknown (no /proc/meminfo): give --host-memory GIB")
+        # a margin for the prediction (within a few percent, docs/results.md) and the rest of
+        # the machine: the page cache a checkpoint fills, other processes starting
+        host = int(available * HOST_SHARE)
+        host_from = f"{HOST_SHARE:.0%} of available (MemAvailable {available / 2**30:.2f} GiB)"
     if not on_cuda:
         if args.device_memory is not None:
             raise UserError("--device-memory applies to a CUDA device; the CPU device's memory is host memory "
