@@ -270,9 +270,11 @@ def test_train_prints_the_forecast_beside_the_measured_step(tmp_path):
     assert plan["predicted_step_s"] > 0 and plan["measured_step_s"] > 0
     # on the CPU the ledger is the device peak, and the planner replays the same ledger
     assert plan["predicted_device_bytes"] == json.loads((out / "summary.json").read_text())["device_peak_bytes"]
-    # host memory: the planner's (EPS state and stash) beside the whole process's measured peak
+    # host memory: the process's predicted peak beside its measured one (tests/test_host_memory.py
+    # holds it to 10% on a model whose EPS outweighs the runtime)
     summary = json.loads((out / "summary.json").read_text())
-    assert plan["measured_host_peak_bytes"] == summary["host_peak_bytes"] > plan["predicted_host_bytes"] > 0
+    assert plan["measured_host_peak_bytes"] == summary["host_peak_bytes"] > 0
+    assert 0.5 < summary["host_peak_bytes"] / plan["predicted_host_bytes"] < 2
     assert "host peak" in r.stdout
 
 
