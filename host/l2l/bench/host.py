@@ -11,12 +11,14 @@ budget's floor (12 + the device copy's bytes) and the prediction's error.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ..errors import UserError
 from ..options import Parser
 from .output import save_results
 
@@ -45,8 +47,12 @@ def measure(layers: int, d_model: int, heads: int, precision: str, stash: str, w
            "--steps", "2", "--save-every", "1", "--eval-batches", "1", "--precision", precision,
            "--stash", stash, "--plan", "quick", "--no-plot", "--out", str(out)]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if run.returncode:
+        last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"l2l bench host: {layers} x d{d_model} {precision} --stash {stash} failed: {last}")
     s = json.loads((out / "summary.json").read_text())
+    shutil.rmtree(out)  # its checkpoints: 12 bytes a parameter each, two of them
     peak, idle, params = s["host_peak_bytes"], s["host_runtime_bytes"], s["params"]
     predicted = s["plan"]["predicted_host_bytes"]
     return {"layers": layers, "d_model": d_model, "precision": precision, "stash": stash, "params": params,

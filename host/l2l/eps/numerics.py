@@ -53,13 +53,14 @@ def _reduce(grads: Sequence[np.ndarray], inv_scale: np.float32, out: np.ndarray)
     return finite
 
 
-def unreduced(grads: Sequence[np.ndarray], inv_scale: np.float32) -> np.ndarray | None:
-    """The reduced gradient with no buffer, where the reduction is the identity: one
-    binary32 contribution and a scale of 1 (``g * 1`` is ``g``, bit for bit); else None."""
+def unreduced(grads: Sequence[np.ndarray], inv_scale: np.float32, n: int) -> np.ndarray | None:
+    """The reduced gradient of ``n`` elements with no buffer, where the reduction is the
+    identity: one binary32 contribution and a scale of 1 (``g * 1`` is ``g``, bit for bit);
+    else None (and :func:`reduce_gradients` does the work, and the checks)."""
     if len(grads) != 1 or inv_scale != np.float32(1.0):
         return None
     g = grads[0]
-    return g if g.dtype == np.float32 and g.ndim == 1 and g.flags.c_contiguous else None
+    return g if g.dtype == np.float32 and g.shape == (n,) and g.flags.c_contiguous else None
 
 
 def all_finite(a: np.ndarray) -> bool:

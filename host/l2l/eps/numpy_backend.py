@@ -39,12 +39,13 @@ class NumpyBackend(EpsBackend):
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
-        g = numerics.unreduced(grads, scalars.inv_scale)  # one unscaled binary32 contribution: itself
+        n = self._p[layer].shape[0]
+        g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled binary32 contribution: itself
         if g is not None:
             if not numerics.all_finite(g):
                 return False
         else:
-            g = self._reduced(self._p[layer].shape[0])
+            g = self._reduced(n)
             if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
                 return False
         numerics.adamw_update(self._p[layer], self._m[layer], self._v[layer], g, scalars,
