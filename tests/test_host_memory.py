@@ -114,3 +114,13 @@ def test_plan_shows_the_host_figure_term_by_term():
     assert r.returncode == 0, r.stderr
     for term in ("host memory (peak RSS)", "runtime", "EPS state", "transients"):
         assert term in r.stdout
+
+
+def test_bench_host_measures_a_run_against_the_plan(tmp_path):
+    r = run_cli("bench", "host", "--quick", "--precisions", "fp32", "--stash", "device", "--out", str(tmp_path),
+                timeout=600)
+    assert r.returncode == 0, r.stderr
+    row, = json.loads((tmp_path / "host.json").read_text())["rows"]
+    assert row["peak_bytes"] > row["idle_bytes"] > 0 and row["params"] > 0
+    assert row["prediction_error"] == pytest.approx(row["peak_bytes"] / row["predicted_bytes"] - 1)
+    assert "| 2 x d64 |" in (tmp_path / "host.md").read_text()
