@@ -395,9 +395,10 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
         # the per-pass stash copies are inside compute_s; separate them for the report
         pure = pass_schedule(replace(cfg, stash="device"), shapes, rates, db)
         stash_s = compute_s - sum(p.compute_s for p in pure)
+    forward_s = {p.layer: p.compute_s for p in passes if p.kind == "fwd"}
+    backward_s = {p.layer: p.compute_s for p in passes if p.kind in ("post", "bwd")}
     detail = [{"layer": s.name, "params": s.params, "forward_flops": m * s.forward_flops(b, cfg.seq_len, cfg.d_model),
-               "forward_s": next((p.compute_s for p in passes if p.layer == i and p.kind in ("fwd",)), 0.0),
-               "backward_s": next(p.compute_s for p in passes if p.layer == i and p.kind in ("post", "bwd")),
+               "forward_s": forward_s.get(i, 0.0), "backward_s": backward_s[i],
                "weights_in_s": passes[i].weights_in_s, "eps_s": s.params / rates.eps_elems_per_s}
               for i, s in enumerate(shapes)]
     return Prediction(
