@@ -62,7 +62,7 @@ def measure(layers: int, d_model: int, heads: int, precision: str, stash: str, w
 
 
 def markdown(rows: list[dict], command: str) -> str:
-    lines = ["### Host memory of whole training runs",
+    lines = ["### Whole runs against the byte budget and the plan",
              "",
              f"`{command}`: per row one `l2l train` (build, evaluation, 2 steps of batch 2 x 64 tokens, "
              "a checkpoint after each), GPT on the CPU. *Bytes/param*: peak resident set above the idle "
