@@ -66,6 +66,7 @@ from .errors import UserError
 __all__ = [
     "Checkpoint",
     "LazyArrays",
+    "spec_of",
     "FORMAT_VERSION",
     "atomic_write_bytes",
     "fsync_dir",
@@ -129,6 +130,14 @@ class LazyArrays(Mapping):
 
     def __len__(self) -> int:
         return len(self._specs)
+
+
+def spec_of(tensors: Mapping[str, np.ndarray], key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """An array's shape and dtype, without reading it when ``tensors`` are :class:`LazyArrays`."""
+    if isinstance(tensors, LazyArrays):
+        return tensors.spec(key)
+    a = np.asarray(tensors[key])
+    return tuple(a.shape), a.dtype
 
 
 @dataclass
@@ -268,13 +277,9 @@ def _checked_specs(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[i
     for key in tensors:
         if not isinstance(key, str) or not key or key == "__metadata__":
             raise ValueError(f"invalid tensor name {key!r}")
-        if isinstance(tensors, LazyArrays):
-            shape, dtype = tensors.spec(key)
-        else:
-            value = tensors[key]
-            if not isinstance(value, (np.ndarray, np.generic)):
-                raise TypeError(f"tensor {key!r} is a {type(value).__name__}, not a numpy array")
-            shape, dtype = np.shape(value), np.asarray(value).dtype
+        if not isinstance(tensors, LazyArrays) and not isinstance(tensors[key], (np.ndarray, np.generic)):
+            raise TypeError(f"tensor {key!r} is a {type(tensors[key]).__name__}, not a numpy array")
+        shape, dtype = spec_of(tensors, key)
         if dtype.name not in _SUPPORTED_DTYPES:
             raise TypeError(f"tensor {key!r} has dtype {dtype}, which checkpoints cannot store")
         specs[key] = (tuple(shape), dtype)
@@ -535,12 +540,12 @@ def _read_safetensors(path: Path) -> LazyArrays:
             start, stop = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{key}: no dtype this reader knows, shape or data offsets") from None
-        parsed.append((start, stop, key, dtype, shape))
+        parsed.append((start, stop, key, dtype, shape, info["dtype"]))
     base, specs, where, end = 8 + n, {}, {}, 0
-    for start, stop, key, dtype, shape in sorted(parsed, key=lambda e: e[:2]):
+    for start, stop, key, dtype, shape, code in sorted(parsed, key=lambda e: e[:2]):
         count = int(np.prod(shape, dtype=np.int64))
         if start != end or stop - start != count * dtype.itemsize or min(shape, default=0) < 0:
-            raise ValueError(f"{key}: bytes {start}..{stop} do not hold {info['dtype']}{list(shape)} "
+            raise ValueError(f"{key}: bytes {start}..{stop} do not hold {code}{list(shape)} "
                              f"after byte {end}")
         end = stop
         specs[key], where[key] = (shape, dtype.newbyteorder("=")), (base + start, count, dtype)

@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..checkpoint import LazyArrays
+from ..checkpoint import LazyArrays, spec_of
 from ..errors import EpsWorkerError, PeerLostError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
@@ -379,7 +379,7 @@ class EagerParamServer:
         staged = {}
         for layer in self.layers:
             try:
-                specs = [_spec(tensors, f"layer{layer}.{k}") for k in "pmv"]
+                specs = [spec_of(tensors, f"layer{layer}.{k}") for k in "pmv"]
                 steps = int(meta["steps"][str(layer)])
             except KeyError as exc:
                 raise ValueError(f"checkpoint lacks {exc.args[0]}") from None
@@ -395,11 +395,3 @@ class EagerParamServer:
                 self.backend.write_state(layer, p, m, v)
                 self.backend.write_copy(layer, self._copies[layer])
             del p, m, v
-
-
-def _spec(tensors: Mapping[str, np.ndarray], key: str) -> tuple[tuple[int, ...], np.dtype]:
-    """An array's shape and dtype, without reading it when ``tensors`` are lazy."""
-    if isinstance(tensors, LazyArrays):
-        return tensors.spec(key)
-    a = tensors[key]
-    return tuple(a.shape), a.dtype

@@ -231,14 +231,7 @@ def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = 
     notes = {"device": str(device), "torch_threads": torch.get_num_threads(), "eps_backend": name,
              "measured": ["compute", "link", "eps"]}
     rates = Rates(flops_per_s=flops, link_bytes_per_s=link_in, link_out_bytes_per_s=link_out,
-                  eps_elems_per_s=eps_rate, device=device.type, notes=notes, **runtime_of_this_process())
+                  eps_elems_per_s=eps_rate, device=device.type, notes=notes)
     if calibrate_steps:
         rates = calibrate(cfg, rates, device, layers=layers, steps=steps, dtype_bytes=dtype_bytes)
     return rates
-
-
-def runtime_of_this_process() -> dict:
-    """``Rates.runtime_bytes`` as this process measured it when it started (empty: the default)."""
-    from ..hostmem import runtime_resident
-    measured = runtime_resident()
-    return {"runtime_bytes": measured} if measured else {}

@@ -64,6 +64,13 @@ RUNTIME_BYTES = 240 << 20  # an idle process with torch 2.13 and l2l imported, t
 
 # ---------------------------------------------------------------- rates
 
+def default_runtime_bytes() -> int:
+    """The resident set this process noted as the ``l2l`` command started
+    (:func:`~l2l.hostmem.record_runtime_resident`), else :data:`RUNTIME_BYTES`."""
+    from ..hostmem import runtime_resident
+    return runtime_resident() or RUNTIME_BYTES
+
+
 @dataclass(frozen=True)
 class Rates:
     """What the machine does per second, measured (:func:`measure_rates`) or given.
@@ -85,9 +92,8 @@ class Rates:
     link_out_bytes_per_s: float | None = None
     device: str = "cpu"
     notes: dict = field(default_factory=dict, compare=False)
-    # the resident set of a process that has imported torch and l2l and holds no model:
-    # measured as the command starts (hostmem.runtime_resident), this default otherwise
-    runtime_bytes: int = RUNTIME_BYTES
+    # the resident set of a process that has imported torch and l2l and holds no model
+    runtime_bytes: int = field(default_factory=lambda: default_runtime_bytes())
 
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0 or not self.eps_elems_per_s > 0 or not self.efficiency > 0:
