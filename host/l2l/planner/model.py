@@ -93,7 +93,7 @@ class Rates:
     device: str = "cpu"
     notes: dict = field(default_factory=dict, compare=False)
     # the resident set of a process that has imported torch and l2l and holds no model
-    runtime_bytes: int = field(default_factory=lambda: default_runtime_bytes())
+    runtime_bytes: int = field(default_factory=default_runtime_bytes)
 
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0 or not self.eps_elems_per_s > 0 or not self.efficiency > 0:
