@@ -24,6 +24,7 @@ from l2l.eps import opencl_backend
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 
 from eps_twin import DTYPES, assert_same  # tests/ is on sys.path under pytest
+from test_kernel_interface import _params
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
@@ -275,3 +276,14 @@ def test_binding_a_new_buffer_keeps_the_launch_cache_true():
             be.allocate(next(new_layers), rng.standard_normal(n).astype(np.float32))
     for what, x, y in zip("pmv", be.read_state(0), ref.read_state(0)):
         assert_same(x, y, what)
+
+
+def test_bound_arguments_are_the_kernels_own():
+    """The backend binds a buffer by argument name (BUFFER_ARGS): each name sits at that place
+    in the kernel source (and so in fpga/ARGS.md, which test_kernel_interface holds it to),
+    and no buffer argument is left out (buffers come first, then n)."""
+    source = opencl_backend.kernel_source()
+    for family, args in opencl_backend.BUFFER_ARGS.items():
+        params = _params(source, f"eps_{family}")
+        assert {name: params.index(name) for name in args} == args, family
+        assert params[:len(args)] == list(args) and params[len(args)] == "n", family
