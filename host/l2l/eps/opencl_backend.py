@@ -48,6 +48,11 @@ CHUNKS_PER_CU = 64
 WORK_GROUP = 256
 LAUNCHES = ("auto", "chunks", "vectors", "task")
 KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
+# The buffer arguments of each kernel family, by their fpga/ARGS.md names: the argument a
+# device buffer is bound to when it is made (OpenCLBackend._bind).
+BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
+               "update": {"gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5},
+               "copy": {"p": 0, "copy": 1}}
 
 _PROBE = """
 import sys, pyopencl as cl
@@ -180,13 +185,13 @@ class OpenCLBackend(EpsBackend):
         self._state: dict[int, tuple] = {}
         self._numel: dict[int, int] = {}
         self._scratch: dict[str, object] = {}
+        self._last_args: dict[str, tuple] = {}
+        self._host_buffers: dict[tuple[int, int, str], object] = {}
         # The layer's finite flag: 1 before every step, cleared by eps_check. It is reset at the
         # end of a step, so that the next one starts with its check, not with a write.
-        self._flag = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, 4)
+        self._flag = self._new_buffer(4, *self._home("finite"))
         self._flag_reset = np.ones(1, np.int32)  # never changed: the source of non-blocking resets
         cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=True)
-        self._last_args: dict[str, tuple] = {}
-        self._host_buffers: dict[tuple[int, int], object] = {}
 
     # ------------------------------------------------------------ program
     def _build(self, binary: str | None):
@@ -241,19 +246,64 @@ class OpenCLBackend(EpsBackend):
         """The built program's binary for this device (what ``--cl-binary`` loads)."""
         return self.program.get_info(self._cl.program_info.BINARIES)[0]
 
-    def _buffer(self, key: str, nbytes: int):
-        buf = self._scratch.get(key)
-        if buf is None or buf.size < nbytes:
-            buf = self._scratch[key] = self._cl.Buffer(self.context, self._cl.mem_flags.READ_WRITE, max(nbytes, 4))
+    # ------------------------------------------------------------ buffers
+    # XRT places a buffer in a memory bank (an HBM pseudo-channel) when it is first set as a
+    # kernel argument: the bank that argument's port is connected to (hls/u280.cfg). A buffer
+    # written, filled, migrated or mapped before that lands in a default bank, which the
+    # compute unit may not reach. So every buffer is made by _new_buffer, which sets it as its
+    # kernel argument first; only then is anything enqueued on it.
+
+    def _new_buffer(self, nbytes: int, owner: str | None, arg: str, hostbuf: np.ndarray | None = None):
+        """A device buffer, set as argument ``arg`` of kernel ``owner`` before any use, so that
+        XRT places it in that argument's bank. ``hostbuf``: host memory for it to wrap
+        (USE_HOST_PTR, CPU devices) instead of memory of its own."""
+        mf = self._cl.mem_flags
+        if hostbuf is None:
+            buf = self._cl.Buffer(self.context, mf.READ_WRITE, max(nbytes, 4))
+        else:  # wraps memory already written: nothing is enqueued on it before _bind either
+            buf = self._cl.Buffer(self.context, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=hostbuf)
+        self._bind(owner, arg, buf)
         return buf
 
-    def _host_buffer(self, a: np.ndarray):
-        """A buffer over host memory ``a`` without a copy (CPU devices), cached per array."""
-        key = (a.ctypes.data, a.nbytes)
+    def _bind(self, owner: str | None, arg: str, buf) -> None:
+        """Set ``buf`` as argument ``arg`` (an fpga/ARGS.md name) of kernel ``owner``; the first
+        binding decides a buffer's bank on XRT. None: no kernel of this program takes it."""
+        if owner is None:
+            return
+        index = BUFFER_ARGS[owner.split("_")[1]][arg]
+        self._kernel(owner).set_arg(index, buf)
+        last = self._last_args.get(owner)
+        if last is not None and index < len(last):  # what _launch believes is set must stay true
+            self._last_args[owner] = (*last[:index], buf, *last[index + 1:])
+
+    def _home(self, arg: str) -> tuple[str | None, str]:
+        """(kernel, argument) that places a buffer made before the kernel using it is known: a
+        layer's p, m, v and the finite flag. An eps_update kernel where the program has one (the
+        kernel whose streams matter; also the RTL kernel, which has no eps_check), else a
+        kernel of the other family with that argument. hls/u280.cfg keeps an argument in one
+        bank across all kernels, so any of them places the buffer for every kernel using it."""
+        for family in ("update", "check", "copy"):
+            if arg in BUFFER_ARGS[family]:
+                names = sorted(n for n in self._kernels if n.startswith(f"eps_{family}_"))
+                if names:
+                    return names[0], arg
+        return None, arg
+
+    def _buffer(self, key: str, nbytes: int, owner: str, arg: str):
+        """The scratch buffer ``key`` of at least ``nbytes``, made bound to ``owner``'s ``arg``.
+        It serves every kernel with that argument later, in the bank the first one placed it."""
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < nbytes:
+            buf = self._scratch[key] = self._new_buffer(nbytes, owner, arg)
+        return buf
+
+    def _host_buffer(self, a: np.ndarray, owner: str, arg: str):
+        """A buffer over host memory ``a`` without a copy (CPU devices), cached per array and
+        argument (so memory freed and reused in another role gets a buffer bound to that role)."""
+        key = (a.ctypes.data, a.nbytes, arg)
         buf = self._host_buffers.pop(key, None)
         if buf is None:
-            buf = self._cl.Buffer(self.context, self._cl.mem_flags.READ_WRITE | self._cl.mem_flags.USE_HOST_PTR,
-                                  hostbuf=a.view(np.uint8).reshape(-1))
+            buf = self._new_buffer(a.nbytes, owner, arg, hostbuf=a.view(np.uint8).reshape(-1))
         self._host_buffers[key] = buf  # most recent last
         while len(self._host_buffers) > 1024:  # the EPS's own long-lived inboxes and copies
             self._host_buffers.pop(next(iter(self._host_buffers)))
@@ -313,28 +363,29 @@ class OpenCLBackend(EpsBackend):
         group = min(WORK_GROUP, self.device.max_work_group_size)
         return -(-(vectors + 1) // group) * group, group
 
-    def _gradients_in(self, grads) -> tuple[object, int, np.dtype]:
-        """The K contributions as one device buffer, back to back; (buffer, k, dtype)."""
+    def _gradients_in(self, grads, owner: str) -> tuple[object, int]:
+        """The K contributions as one device buffer, back to back; (buffer, k). A new
+        buffer is bound to ``owner``'s (the update kernel's) ``gr``: eps_check reads it too,
+        and its ``g`` sits in the same bank (hls/u280.cfg)."""
         cl = self._cl
         block = grads if isinstance(grads, np.ndarray) and grads.ndim == 2 else None  # checked by _check_step
         k = len(grads)
         dtype = grads[0].dtype
         if block is not None and block.flags.c_contiguous and block.flags.aligned and self._zero_copy:
-            return self._host_buffer(block), k, dtype
+            return self._host_buffer(block, owner, "gr"), k
         n = grads[0].shape[0]
-        buf = self._buffer(f"g_in.{dtype.itemsize}", k * n * dtype.itemsize)
+        buf = self._buffer(f"g_in.{dtype.itemsize}", k * n * dtype.itemsize, owner, "gr")
         for c, g in enumerate(grads):
             cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(g).view(np.uint8),
                             dst_offset=c * n * dtype.itemsize, is_blocking=False)
-        return buf, k, dtype
+        return buf, k
 
     # ------------------------------------------------------------ EpsBackend
     def allocate(self, layer: int, p: np.ndarray) -> None:
         cl = self._cl
-        mf = cl.mem_flags
         p = np.ascontiguousarray(p, dtype=np.float32)
         n = p.shape[0]
-        bufs = tuple(cl.Buffer(self.context, mf.READ_WRITE, max(4 * n, 4)) for _ in range(3))
+        bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in ("p", "m", "v"))
         if n:
             cl.enqueue_copy(self.queue, bufs[0], p)
             zeros = np.zeros(n, np.float32)
@@ -351,9 +402,9 @@ class OpenCLBackend(EpsBackend):
         _check_step(grads, copy_out, n)  # before anything is enqueued: a refused step writes nothing
         if n == 0:
             return True
-        gbuf, k, gdtype = self._gradients_in(grads)
-        g, c, s = _SUFFIX[np.dtype(gdtype)], _SUFFIX[copy_out.dtype], scalars
-        target = self._copy_target(copy_out)
+        g, c, s = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype], scalars
+        gbuf, k = self._gradients_in(grads, f"eps_update_{g}_{c}")
+        target = self._copy_target(copy_out, f"eps_update_{g}_{c}")
         p, m, v = self._state[layer]
         flag = np.zeros(1, np.int32)
         try:
@@ -376,16 +427,19 @@ class OpenCLBackend(EpsBackend):
         _check_copy(copy_out, n)
         if n == 0:
             return
-        target = self._copy_target(copy_out)
-        self._launch(f"eps_copy_{_SUFFIX[copy_out.dtype]}", n, self._state[layer][0], target[0], np.uint32(n))
+        name = f"eps_copy_{_SUFFIX[copy_out.dtype]}"
+        target = self._copy_target(copy_out, name)
+        self._launch(name, n, self._state[layer][0], target[0], np.uint32(n))
         self._copy_back(target, copy_out)
 
-    def _copy_target(self, copy_out: np.ndarray):
-        """(device buffer the kernel writes the copy into, whether it wraps ``copy_out`` itself).
-        Wrapped only when its elements are aligned to their size (a kernel pointer must be)."""
+    def _copy_target(self, copy_out: np.ndarray, owner: str):
+        """(device buffer kernel ``owner`` writes the copy into, whether it wraps ``copy_out``
+        itself). Wrapped only when its elements are aligned to their size (a kernel pointer
+        must be). A new buffer is bound to ``owner``'s ``copy``; eps_update and eps_copy keep
+        it in one bank (hls/u280.cfg)."""
         if self._zero_copy and copy_out.flags.c_contiguous and copy_out.flags.aligned:
-            return self._host_buffer(copy_out), True
-        return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes), False
+            return self._host_buffer(copy_out, owner, "copy"), True
+        return self._buffer(f"copy.{copy_out.dtype.itemsize}", copy_out.nbytes, owner, "copy"), False
 
     def _map(self, buf, nbytes: int):
         """Enqueue a map of a USE_HOST_PTR buffer for reading (the spec's way to hand it back
