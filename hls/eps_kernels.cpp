@@ -361,7 +361,7 @@ elements:
 }
 
 template <class C>
-void narrow(fifo<float> &in, fifo<typename C::T> &out, unsigned len) {
+void narrow_copy(fifo<float> &in, fifo<typename C::T> &out, unsigned len) {
 elements:
     for (unsigned i = 0; i < len; ++i) {
 #pragma HLS PIPELINE II=1
@@ -371,7 +371,7 @@ elements:
 }
 
 // The flag's write process: clears *finite when the block had a non-finite element.
-inline void clear_flag(fifo<int> &verdict, int *finite) {
+inline void write_flag(fifo<int> &verdict, int *finite) {
     if (verdict.read() == 0) *finite = 0;
 }
 
@@ -390,7 +390,7 @@ void check_block(const typename G::T *g, int *finite, unsigned n, unsigned k, fl
     read_grads<G>(g, raw, n, k, base, len);
     reduce<G>(raw, sums, k, len);
     all_finite(sums, verdict, len, inv_scale);
-    clear_flag(verdict, finite);
+    write_flag(verdict, finite);
 }
 
 template <class G, class C>
@@ -437,7 +437,7 @@ void copy_block(const float *p, typename C::T *copy, uint64_t base, unsigned len
     fifo<typename C::T> copy_out;
 #pragma HLS STREAM variable=copy_out depth=FIFO_DEPTH
     read_array<float>(p, p_in, base, len);
-    narrow<C>(p_in, copy_out, len);
+    narrow_copy<C>(p_in, copy_out, len);
     write_array<typename C::T>(copy_out, copy, base, len);
 }
 
