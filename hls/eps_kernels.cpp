@@ -225,7 +225,8 @@ inline unsigned part(uint64_t n, uint64_t base, unsigned size) {
 // ---------------------------------------------------------------- read processes
 
 // The block's K contributions, tile by tile: contribution 0's tile, then 1's, ...
-// Each inner loop is one sequential run of up to TILE elements (a burst).
+// Each inner loop is one sequential run of up to TILE elements, which the m_axi
+// adapter issues as bursts of up to EPS_BURST beats.
 template <class G>
 void read_grads(const typename G::T *g, fifo<typename G::T> &out, unsigned n, unsigned k, uint64_t base,
                 unsigned len) {
@@ -247,7 +248,7 @@ tiles:
     }
 }
 
-// One array's block, in order (one burst run).
+// One array's block, in order: one sequential run, issued as bursts.
 template <class T>
 void read_array(const T *src, fifo<T> &out, uint64_t base, unsigned len) {
 elements:
