@@ -14,24 +14,58 @@
 // host/l2l/eps/hls_csim_backend.py compiles it with g++ into a shared library
 // and runs the kernels on host arrays; tests/test_eps_hls.py checks them bit for
 // bit against the NumPy golden model. g++ ignores the HLS pragmas
-// (-Wno-unknown-pragmas).
+// (-Wno-unknown-pragmas), and eps::fifo stands in for hls::stream when
+// hls_stream.h is not on the include path.
 //
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in uint16_t) or f16 (binary16 bits in uint16_t); one top function per
 // combination: eps_check_<G>, eps_update_<G>_<C>, eps_copy_<C>.
 //
-// Dataflow: elements are processed in tiles of TILE. Per tile the K
-// contributions are read one after another, each as one burst of TILE
-// elements, and added into a local accumulator array in contribution order
-// (acc = g_0; acc = acc + g_1; ...: the contract's left fold per element); the
-// adder's latency is hidden across the tile's elements, so every element loop
-// runs at II=1 whatever K is. Then p, m, v are read, updated and written (and
-// the copy written) in one more pass over the tile.
+// Structure (docs/fpga.md, "Kernel structure"). Each top function walks the
+// layer in blocks of BLOCK elements and runs one dataflow region per block. A
+// region is a chain of processes joined by FIFOs, all running at once:
+//
+//   read   one process per m_axi port, a pipelined loop of burst reads
+//          (the gradients: per tile of TILE elements, contribution 0's
+//          TILE elements, then contribution 1's, ...);
+//   compute  reduce: adds the K contributions into a TILE-element accumulator
+//          in contribution order (acc = g_0; acc = acc + g_1; ...: the
+//          contract's left fold per element) and passes each sum on while it
+//          adds the last contribution; then the finite test (check), the
+//          AdamW update and the device copy's narrowing (update), or the
+//          narrowing alone (copy);
+//   write  one process per m_axi port written, a pipelined loop of burst
+//          writes.
+//
+// Every element loop is pipelined at II=1: one element per clock per process.
+// The gradient port reads K elements per element of the layer, so a region
+// takes about K clocks per element (1 for K = 1) and the other processes wait
+// on it. Each array is read once per element (the gradients once per
+// contribution) and written once. Blocks keep the FIFOs of the C-simulation
+// (which runs the processes one after the other) at BLOCK elements; in
+// hardware each block costs one fill and drain of the region.
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#if defined(__SYNTHESIS__) || defined(__VITIS_HLS__)
+#define EPS_HLS_STREAM 1
+#elif defined(__has_include)
+#if __has_include(<hls_stream.h>)
+#define EPS_HLS_STREAM 1
+#endif
+#endif
+
+#ifdef EPS_HLS_STREAM
+#include <hls_stream.h>
+#else
+#include <utility>
+#include <vector>
+#endif
 
 #if defined(__GNUC__) && !defined(__SYNTHESIS__)
 #pragma GCC diagnostic ignored "-Wunused-label"  // loop labels name the loops in HLS reports
@@ -39,7 +73,65 @@
 
 namespace eps {
 
-constexpr unsigned TILE = 1024;  // elements per tile: 4 KiB per burst of fp32
+constexpr unsigned TILE = 1024;  // elements per tile: one gradient burst run per contribution
+constexpr unsigned BLOCK = 64 * TILE;  // elements per run of a dataflow region
+constexpr unsigned TILES = BLOCK / TILE;  // tiles per block
+constexpr unsigned FIFO_DEPTH = 64;  // elements each FIFO between two processes holds
+// Loop trip counts for the HLS reports only (they do not change the hardware):
+constexpr unsigned MAX_BLOCKS = 65536;  // n < 2**32 elements
+constexpr unsigned AVG_BLOCKS = 16;     // a layer of 1 Mi elements
+constexpr unsigned MAX_K = 8;           // contributions
+constexpr unsigned AVG_K = 1;
+
+// ---------------------------------------------------------------- FIFOs
+
+#ifdef EPS_HLS_STREAM
+template <class T>
+using fifo = hls::stream<T>;
+#else
+// The C-simulation's stand-in for hls::stream: the same write()/read(), no
+// bound. The processes of a region run one after the other here, so a FIFO
+// fills with the whole block before its reader starts; its storage comes from
+// a per-thread pool, so that each block reuses the last block's memory instead
+// of growing a fresh buffer. Reading an empty FIFO, or leaving data behind,
+// would hang or corrupt the hardware; here it stops the program.
+template <class T>
+class fifo {
+public:
+    fifo() {
+        std::vector<std::vector<T>> &free = pool();
+        if (!free.empty()) {
+            buf_.swap(free.back());
+            free.pop_back();
+        }
+    }
+    fifo(const fifo &) = delete;
+    fifo &operator=(const fifo &) = delete;
+    ~fifo() {
+        if (head_ != buf_.size()) fail("data left in a FIFO");
+        buf_.clear();
+        pool().push_back(std::move(buf_));
+    }
+    void write(const T &x) { buf_.push_back(x); }
+    T read() {
+        if (head_ == buf_.size()) fail("read from an empty FIFO");
+        return buf_[head_++];
+    }
+    bool empty() const { return head_ == buf_.size(); }
+
+private:
+    static std::vector<std::vector<T>> &pool() {
+        static thread_local std::vector<std::vector<T>> free;
+        return free;
+    }
+    [[noreturn]] static void fail(const char *what) {
+        std::fprintf(stderr, "eps_kernels.cpp: %s\n", what);
+        std::abort();
+    }
+    std::vector<T> buf_;
+    std::size_t head_ = 0;
+};
+#endif
 
 // ---------------------------------------------------------------- bit casts
 
@@ -87,11 +179,18 @@ struct F16 {
         if (e == 0x1fu) return float_of(sign | 0x7f800000u | (man << 13));  // inf, NaN (payload kept)
         if (e != 0) return float_of(sign | ((e + 112u) << 23) | (man << 13));  // normal: rebias 15 -> 127
         if (man == 0) return float_of(sign);                                   // signed zero
-        // subnormal: man * 2**-24, normal in binary32; shift the leading one to bit 10
+        // subnormal: man * 2**-24, normal in binary32; shift the leading one to bit 10.
+        // A fixed 10 steps (man >= 1 needs at most 10), unrolled into a chain of
+        // multiplexers inside the pipelined loops that call this.
         uint32_t ex = 113u;  // exponent field of 2**-14
-        while ((man & 0x400u) == 0) {
-            man <<= 1;
-            --ex;
+    normalise:
+        for (unsigned s = 0; s < 10; ++s) {
+#pragma HLS UNROLL
+#pragma HLS loop_tripcount min=10 max=10 avg=10
+            if ((man & 0x400u) == 0) {
+                man <<= 1;
+                --ex;
+            }
         }
         return float_of(sign | (ex << 23) | ((man & 0x3ffu) << 13));
     }
@@ -119,106 +218,264 @@ struct F16 {
     }
 };
 
-// ---------------------------------------------------------------- reduction of one tile
-// acc[i] = ((g_0[i] + g_1[i]) + ... + g_{k-1}[i]) for the tile's elements.
+inline unsigned part(uint64_t n, uint64_t base, unsigned size) {
+    return (n - base < size) ? static_cast<unsigned>(n - base) : size;
+}
 
+// ---------------------------------------------------------------- read processes
+
+// The block's K contributions, tile by tile: contribution 0's tile, then 1's, ...
+// Each inner loop is one sequential run of up to TILE elements, which the m_axi
+// adapter issues as bursts of up to EPS_BURST beats.
 template <class G>
-void reduce_tile(const typename G::T *g, float acc[TILE], unsigned n, unsigned k, uint64_t base,
-                 unsigned len) {
-first:
+void read_grads(const typename G::T *g, fifo<typename G::T> &out, unsigned n, unsigned k, uint64_t base,
+                unsigned len) {
+tiles:
+    for (unsigned t = 0; t < len; t += TILE) {
+#pragma HLS loop_tripcount min=1 max=TILES avg=TILES
+        const unsigned tl = part(len, t, TILE);
+    contributions:
+        for (unsigned c = 0; c < k; ++c) {
+#pragma HLS loop_tripcount min=1 max=MAX_K avg=AVG_K
+            const typename G::T *src = g + static_cast<uint64_t>(c) * n + base + t;
+        burst:
+            for (unsigned i = 0; i < tl; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=TILE avg=TILE
+                out.write(src[i]);
+            }
+        }
+    }
+}
+
+// One array's block, in order: one sequential run, issued as bursts.
+template <class T>
+void read_array(const T *src, fifo<T> &out, uint64_t base, unsigned len) {
+elements:
     for (unsigned i = 0; i < len; ++i) {
 #pragma HLS PIPELINE II=1
-        acc[i] = G::wide(g[base + i]);
-    }
-contributions:
-    for (unsigned c = 1; c < k; ++c) {
-        const typename G::T *gc = g + static_cast<uint64_t>(c) * n + base;
-    add:
-        for (unsigned i = 0; i < len; ++i) {
-#pragma HLS PIPELINE II=1
-#pragma HLS DEPENDENCE variable=acc inter false
-            const float x = G::wide(gc[i]);
-            const float sum = acc[i] + x;
-            acc[i] = sum;
-        }
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        out.write(src[base + i]);
     }
 }
 
-// ---------------------------------------------------------------- finite check
-// Clears *finite (set to 1 by the host) when any reduced gradient element
-// ((g_0 + g_1) + ... + g_{k-1}) * inv_scale is inf or NaN. Reads the gradients only.
+// ---------------------------------------------------------------- write process
 
+template <class T>
+void write_array(fifo<T> &in, T *dst, uint64_t base, unsigned len) {
+elements:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        dst[base + i] = in.read();
+    }
+}
+
+// ---------------------------------------------------------------- compute processes
+
+// The reduction: out gets ((g_0 + g_1) + ... + g_{k-1}) per element, in element
+// order, written during the pass over the last contribution. acc[i] is read and
+// written once per pass at distinct i, so the pass pipelines at II=1 (no
+// dependence between its iterations); the passes are kept apart (no
+// flattening), so a short tile's pass finishes its stores before the next pass
+// loads them.
 template <class G>
-void check(const typename G::T *g, int *finite, unsigned n, unsigned k, float inv_scale) {
-    int ok = 1;
+void reduce(fifo<typename G::T> &in, fifo<float> &out, unsigned k, unsigned len) {
     float acc[TILE];
 tiles:
-    for (uint64_t base = 0; base < n; base += TILE) {  // 64 bits: no wrap for n near 2**32
-        const unsigned len = (n - base < TILE) ? static_cast<unsigned>(n - base) : TILE;
-        reduce_tile<G>(g, acc, n, k, base, len);
-    scale:
-        for (unsigned i = 0; i < len; ++i) {
+    for (unsigned t = 0; t < len; t += TILE) {
+#pragma HLS loop_tripcount min=1 max=TILES avg=TILES
+        const unsigned tl = part(len, t, TILE);
+    contributions:
+        for (unsigned c = 0; c < k; ++c) {
+#pragma HLS loop_tripcount min=1 max=MAX_K avg=AVG_K
+#pragma HLS LOOP_FLATTEN off
+            const bool last = (c + 1 == k);
+        add:
+            for (unsigned i = 0; i < tl; ++i) {
 #pragma HLS PIPELINE II=1
-            const float gi = acc[i] * inv_scale;
-            if (!is_finite(gi)) ok = 0;
+#pragma HLS loop_tripcount min=1 max=TILE avg=TILE
+#pragma HLS DEPENDENCE variable=acc inter false
+                const float x = G::wide(in.read());
+                float s = x;  // contribution 0: acc = g_0
+                if (c != 0) {
+                    const float sum = acc[i] + x;  // acc = acc + g_c
+                    s = sum;
+                }
+                if (last) {
+                    out.write(s);
+                } else {
+                    acc[i] = s;
+                }
+            }
         }
     }
-    if (ok == 0) *finite = 0;
 }
 
-// ---------------------------------------------------------------- update
+// The finite test: verdict gets 1 when every (sum * inv_scale) of the block is finite.
+inline void all_finite(fifo<float> &sums, fifo<int> &verdict, unsigned len, float inv_scale) {
+    int ok = 1;
+scale:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        const float gi = sums.read() * inv_scale;
+        if (!is_finite(gi)) ok = 0;
+    }
+    verdict.write(ok);
+}
+
+// AdamW on one element per clock, in the contract's order of operations.
+template <class C>
+void adamw(fifo<float> &sums, fifo<float> &p_in, fifo<float> &m_in, fifo<float> &v_in, fifo<float> &p_out,
+           fifo<float> &m_out, fifo<float> &v_out, fifo<typename C::T> &copy_out, unsigned len, float decay,
+           float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt, float eps, float neg_step,
+           float inv_scale) {
+elements:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        const float g = sums.read() * inv_scale;
+        const float p0 = p_in.read();
+        const float m0 = m_in.read();
+        const float v0 = v_in.read();
+        // the contract's order: every parenthesised product and each sum on its own
+        const float p1 = p0 * decay;              // p1 = p * decay
+        const float b1m = b1 * m0;                // b1 * m
+        const float omb1g = omb1 * g;             // omb1 * g
+        const float m1 = b1m + omb1g;             // m' = (b1*m) + (omb1*g)
+        const float gg = g * g;                   // g * g
+        const float omb2gg = omb2 * gg;           // omb2 * (g*g)
+        const float b2v = b2 * v0;                // b2 * v
+        const float v1 = b2v + omb2gg;            // v' = (b2*v) + (omb2*(g*g))
+        const float sq = std::sqrt(v1);           // sqrt(v')
+        const float sc = sq * inv_bc2_sqrt;       // sqrt(v') * inv_bc2_sqrt
+        const float d = sc + eps;                 // d = (...) + eps
+        const float q = m1 / d;                   // m' / d
+        const float ns = neg_step * q;            // neg_step * (m'/d)
+        const float p2 = p1 + ns;                 // p' = p1 + (...)
+        p_out.write(p2);
+        m_out.write(m1);
+        v_out.write(v1);
+        copy_out.write(C::narrow(p2));
+    }
+}
+
+template <class C>
+void narrow_copy(fifo<float> &in, fifo<typename C::T> &out, unsigned len) {
+elements:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        out.write(C::narrow(in.read()));
+    }
+}
+
+// The flag's write process: clears *finite when the block had a non-finite element.
+inline void write_flag(fifo<int> &verdict, int *finite) {
+    if (verdict.read() == 0) *finite = 0;
+}
+
+// ---------------------------------------------------------------- dataflow regions (one block each)
+
+template <class G>
+void check_block(const typename G::T *g, int *finite, unsigned n, unsigned k, float inv_scale, uint64_t base,
+                 unsigned len) {
+#pragma HLS DATAFLOW
+    fifo<typename G::T> raw;
+#pragma HLS STREAM variable=raw depth=FIFO_DEPTH
+    fifo<float> sums;
+#pragma HLS STREAM variable=sums depth=FIFO_DEPTH
+    fifo<int> verdict;
+#pragma HLS STREAM variable=verdict depth=2
+    read_grads<G>(g, raw, n, k, base, len);
+    reduce<G>(raw, sums, k, len);
+    all_finite(sums, verdict, len, inv_scale);
+    write_flag(verdict, finite);
+}
+
+template <class G, class C>
+void update_block(const typename G::T *gr, float *p, float *m, float *v, typename C::T *copy, unsigned n,
+                  unsigned k, float decay, float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt,
+                  float eps, float neg_step, float inv_scale, uint64_t base, unsigned len) {
+#pragma HLS DATAFLOW
+    fifo<typename G::T> raw;
+#pragma HLS STREAM variable=raw depth=FIFO_DEPTH
+    fifo<float> sums;
+#pragma HLS STREAM variable=sums depth=FIFO_DEPTH
+    fifo<float> p_in;
+#pragma HLS STREAM variable=p_in depth=FIFO_DEPTH
+    fifo<float> m_in;
+#pragma HLS STREAM variable=m_in depth=FIFO_DEPTH
+    fifo<float> v_in;
+#pragma HLS STREAM variable=v_in depth=FIFO_DEPTH
+    fifo<float> p_out;
+#pragma HLS STREAM variable=p_out depth=FIFO_DEPTH
+    fifo<float> m_out;
+#pragma HLS STREAM variable=m_out depth=FIFO_DEPTH
+    fifo<float> v_out;
+#pragma HLS STREAM variable=v_out depth=FIFO_DEPTH
+    fifo<typename C::T> copy_out;
+#pragma HLS STREAM variable=copy_out depth=FIFO_DEPTH
+    read_grads<G>(gr, raw, n, k, base, len);
+    read_array<float>(p, p_in, base, len);
+    read_array<float>(m, m_in, base, len);
+    read_array<float>(v, v_in, base, len);
+    reduce<G>(raw, sums, k, len);
+    adamw<C>(sums, p_in, m_in, v_in, p_out, m_out, v_out, copy_out, len, decay, b1, omb1, b2, omb2,
+             inv_bc2_sqrt, eps, neg_step, inv_scale);
+    write_array<float>(p_out, p, base, len);
+    write_array<float>(m_out, m, base, len);
+    write_array<float>(v_out, v, base, len);
+    write_array<typename C::T>(copy_out, copy, base, len);
+}
+
+template <class C>
+void copy_block(const float *p, typename C::T *copy, uint64_t base, unsigned len) {
+#pragma HLS DATAFLOW
+    fifo<float> p_in;
+#pragma HLS STREAM variable=p_in depth=FIFO_DEPTH
+    fifo<typename C::T> copy_out;
+#pragma HLS STREAM variable=copy_out depth=FIFO_DEPTH
+    read_array<float>(p, p_in, base, len);
+    narrow_copy<C>(p_in, copy_out, len);
+    write_array<typename C::T>(copy_out, copy, base, len);
+}
+
+// ---------------------------------------------------------------- kernels: one region per block
+
+// Clears *finite (set to 1 by the host) when any reduced gradient element
+// ((g_0 + g_1) + ... + g_{k-1}) * inv_scale is inf or NaN. Reads the gradients only.
+template <class G>
+void check(const typename G::T *g, int *finite, unsigned n, unsigned k, float inv_scale) {
+blocks:
+    for (uint64_t base = 0; base < n; base += BLOCK) {  // 64 bits: no wrap for n near 2**32
+#pragma HLS loop_tripcount min=1 max=MAX_BLOCKS avg=AVG_BLOCKS
+        check_block<G>(g, finite, n, k, inv_scale, base, part(n, base, BLOCK));
+    }
+}
+
 // One pass: reduce the k contributions, AdamW in place on p, m, v, write the
 // device copy of p'. Does nothing when *finite is 0 (the layer is untouched).
-
 template <class G, class C>
 void update(const typename G::T *gr, float *p, float *m, float *v, typename C::T *copy,
             const int *finite, unsigned n, unsigned k, float decay, float b1, float omb1, float b2,
             float omb2, float inv_bc2_sqrt, float eps, float neg_step, float inv_scale) {
     if (*finite == 0) return;
-    float acc[TILE];
-tiles:
-    for (uint64_t base = 0; base < n; base += TILE) {  // 64 bits: no wrap for n near 2**32
-        const unsigned len = (n - base < TILE) ? static_cast<unsigned>(n - base) : TILE;
-        reduce_tile<G>(gr, acc, n, k, base, len);
-    adamw:
-        for (unsigned i = 0; i < len; ++i) {
-#pragma HLS PIPELINE II=1
-            const uint64_t j = base + i;
-            const float g = acc[i] * inv_scale;
-            const float p0 = p[j];
-            const float m0 = m[j];
-            const float v0 = v[j];
-            // the contract's order: every parenthesised product and each sum on its own
-            const float p1 = p0 * decay;              // p1 = p * decay
-            const float b1m = b1 * m0;                // b1 * m
-            const float omb1g = omb1 * g;             // omb1 * g
-            const float m1 = b1m + omb1g;             // m' = (b1*m) + (omb1*g)
-            const float gg = g * g;                   // g * g
-            const float omb2gg = omb2 * gg;           // omb2 * (g*g)
-            const float b2v = b2 * v0;                // b2 * v
-            const float v1 = b2v + omb2gg;            // v' = (b2*v) + (omb2*(g*g))
-            const float sq = std::sqrt(v1);           // sqrt(v')
-            const float sc = sq * inv_bc2_sqrt;       // sqrt(v') * inv_bc2_sqrt
-            const float d = sc + eps;                 // d = (...) + eps
-            const float q = m1 / d;                   // m' / d
-            const float ns = neg_step * q;            // neg_step * (m'/d)
-            const float p2 = p1 + ns;                 // p' = p1 + (...)
-            p[j] = p2;
-            m[j] = m1;
-            v[j] = v1;
-            copy[j] = C::narrow(p2);
-        }
+blocks:
+    for (uint64_t base = 0; base < n; base += BLOCK) {  // 64 bits: no wrap for n near 2**32
+#pragma HLS loop_tripcount min=1 max=MAX_BLOCKS avg=AVG_BLOCKS
+        update_block<G, C>(gr, p, m, v, copy, n, k, decay, b1, omb1, b2, omb2, inv_bc2_sqrt, eps, neg_step,
+                           inv_scale, base, part(n, base, BLOCK));
     }
 }
 
-// ---------------------------------------------------------------- copy only
-
 template <class C>
 void copy_only(const float *p, typename C::T *copy, unsigned n) {
-elements:
-    for (unsigned i = 0; i < n; ++i) {
-#pragma HLS PIPELINE II=1
-        copy[i] = C::narrow(p[i]);
+blocks:
+    for (uint64_t base = 0; base < n; base += BLOCK) {  // 64 bits: no wrap for n near 2**32
+#pragma HLS loop_tripcount min=1 max=MAX_BLOCKS avg=AVG_BLOCKS
+        copy_block<C>(p, copy, base, part(n, base, BLOCK));
     }
 }
 
@@ -228,11 +485,41 @@ elements:
 // Thin instantiations. Each array argument has a bundle (AXI master) of its own,
 // so each can sit in its own HBM/DDR bank; scalars and the control go through
 // the one s_axilite slave (an ap_ctrl_hs register map, buffers as 64-bit addresses).
+//
+// Every m_axi port: bursts of up to EPS_BURST beats (64 beats of 512 bits is
+// 4 KiB, the AXI limit, if Vitis widens the port; 256 B at 32 bits),
+// EPS_OUTSTANDING bursts in flight each way, and a depth= (elements) that
+// sizes the port's memory in C/RTL co-simulation: a test bench of up to
+// 70000 elements (a whole block and part of another) and k <= 4. Synthesis
+// ignores depth=. EPS_PRAGMA expands its argument first (EPS_DEPTH_<port>,
+// EPS_BURST, EPS_KW_*) so that the pragma holds plain numbers and keywords.
+//
+// The keywords port= and bundle= are spelled EPS_KW_port= and EPS_KW_bundle=
+// because the macros' parameters have those names, and a parameter is replaced
+// wherever its name appears: written plainly, `port=port` became `g=g`, a
+// pragma Vitis does not read as the port's interface.
+// tests/test_hls_pragmas.py checks the pragmas as the preprocessor expands them.
 
-#define EPS_PRAGMA(x) _Pragma(#x)
+#define EPS_BURST 64
+#define EPS_OUTSTANDING 4
+#define EPS_DEPTH_g 280000
+#define EPS_DEPTH_gr 280000
+#define EPS_DEPTH_p 70000
+#define EPS_DEPTH_m 70000
+#define EPS_DEPTH_v 70000
+#define EPS_DEPTH_copy 70000
+#define EPS_DEPTH_finite 1
+
+#define EPS_KW_port port
+#define EPS_KW_bundle bundle
+#define EPS_PRAGMA_TEXT(x) _Pragma(#x)
+#define EPS_PRAGMA(x) EPS_PRAGMA_TEXT(x)
 #define EPS_MAXI(port, bundle) \
-    EPS_PRAGMA(HLS INTERFACE m_axi port=port offset=slave bundle=bundle max_widen_bitwidth=512)
-#define EPS_LITE(port) EPS_PRAGMA(HLS INTERFACE s_axilite port=port)
+    EPS_PRAGMA(HLS INTERFACE m_axi EPS_KW_port=port offset=slave EPS_KW_bundle=bundle max_widen_bitwidth=512 \
+               max_read_burst_length=EPS_BURST max_write_burst_length=EPS_BURST \
+               num_read_outstanding=EPS_OUTSTANDING num_write_outstanding=EPS_OUTSTANDING \
+               depth=EPS_DEPTH_##port)
+#define EPS_LITE(port) EPS_PRAGMA(HLS INTERFACE s_axilite EPS_KW_port=port)
 
 #define EPS_CHECK(GN, G)                                                                      \
     extern "C" void eps_check_##GN(const G::T *g, int *finite, unsigned n, unsigned k,         \

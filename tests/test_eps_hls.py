@@ -248,3 +248,39 @@ def test_hls_kernel_names_match_the_opencl_kernels():
         assert word in maxi, word
     assert "HLS INTERFACE s_axilite" in re.search(r"#define EPS_LITE.*?\n", src).group(0)
     assert src.count("#pragma HLS PIPELINE II=1") >= 5
+
+
+# --------------------------------------------------------------------------
+# layers over several dataflow blocks (eps::BLOCK elements each)
+# --------------------------------------------------------------------------
+
+
+def _hls_block() -> int:
+    found = re.search(r"constexpr unsigned BLOCK = (\d+) \* TILE;", hcb.kernel_source())
+    assert found, "hls/eps_kernels.cpp no longer says `constexpr unsigned BLOCK = <k> * TILE;`"
+    return int(found.group(1)) * TILE
+
+
+def test_layer_over_several_blocks(hls):
+    """Each kernel runs one dataflow region per block: a layer of two whole blocks and a partial
+    one agrees with NumPy bit for bit; a non-finite element in a later block only (its last
+    element, or the first of the second block) clears the flag and leaves everything as it was."""
+    block = _hls_block()
+    n = 2 * block + TILE + 3
+    rng = np.random.default_rng(841)
+    p, m, v = wide_state(rng, n)
+    tw = Twin(hls, p, m, v)
+    for t, (g, c, k) in enumerate([("bf16", "fp16", 3), ("fp32", "bf16", 1), ("fp16", "fp32", 2)], start=1):
+        grads = [grad_array(wide_grad_bits(rng, n, g), g) for _ in range(k)]
+        tw.step(grads, StepScalars.compute(AdamWHyper(), t, divisor=float(k)), c, f"{n} elements, step {t}",
+                expect_finite=True)
+    tw.write_copy("bf16", f"{n} elements")
+    state = tw.dut.read_state(tw.layer)
+    for at in (block, n - 1):
+        grads = [grad_array(wide_grad_bits(rng, n, "fp32"), "fp32") for _ in range(2)]
+        grads[1][at] = np.float32(np.inf)
+        copy = sentinel(n, "fp16")
+        assert tw.dut.step(tw.layer, grads, StepScalars.compute(AdamWHyper(), 4, divisor=2.0), copy) is False
+        for got, want, name in zip(tw.dut.read_state(tw.layer), state, "pmv"):
+            assert_same(got, want, f"inf at {at}: {name} changed")
+        assert_same(copy, sentinel(n, "fp16"), f"inf at {at}: device copy written")
