@@ -109,6 +109,7 @@ module l2l_eps_kernel #(
     output wire [C_M_AXI_GR_DATA_WIDTH/8-1:0] m_axi_gr_wstrb,
     output wire        m_axi_gr_wlast,
     output wire        m_axi_gr_wvalid,
+    // (as above: a read-only master's write-side inputs)
     /* verilator lint_off UNUSEDSIGNAL */
     input  wire        m_axi_gr_wready,
     input  wire [0:0]  m_axi_gr_bid,
@@ -396,9 +397,10 @@ module l2l_eps_kernel #(
     wire                gr_tlast, gr_tvalid, gr_tready;
 
     // Outputs left open on purpose (PINCONNECTEMPTY waived around the instances below): a
-    // read engine's idle (the run ends on the write engines' idle and the beat counts), the
-    // p, m, v streams' tkeep and tlast (the gradient stream's, joined beat by beat, stand for
-    // them), the AdamW and reducer tlast and latency (the sequencer counts beats).
+    // read engine's idle (a run ends on beat counts and the write engines' idle), the p, m, v
+    // streams' tkeep and m, v's tlast (joined beat by beat, the reduced g's tkeep and p's
+    // tlast stand for them), the reducer's and AdamW's tlast and latency (the sequencer and
+    // the write engines count beats).
     /* verilator lint_off PINCONNECTEMPTY */
     l2l_axi_rd #(.LANES(LANES), .EW(GW), .BURST(BURST), .FIFO_DEPTH(RD_FIFO)) u_rd_gr (
         .clk(ap_clk), .rst(rst),
@@ -460,6 +462,7 @@ module l2l_eps_kernel #(
     wire             red_finite;
     reg              flag_clear;
 
+    // tlast and latency left open (see the read engines above)
     /* verilator lint_off PINCONNECTEMPTY */
     l2l_eps_reduce #(.LANES(LANES), .GDTYPE(GDTYPE), .BLOCK(BLOCK)) u_reduce (
         .clk(ap_clk), .rst(rst), .inv_scale(r_inv_scale), .k(r_k),
@@ -492,6 +495,7 @@ module l2l_eps_kernel #(
     // AdamW datapath (dynamic power; it is not sampled there anyway)
     wire [DW-1:0] g_iso = (state == S_UPDATE) ? g_tdata : {DW{1'b0}};
 
+    // tlast and latency left open (see the read engines above)
     /* verilator lint_off PINCONNECTEMPTY */
     l2l_eps_adamw #(.LANES(LANES), .CDTYPE(CDTYPE)) u_adamw (
         .clk(ap_clk), .rst(rst),
