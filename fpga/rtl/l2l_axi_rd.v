@@ -35,7 +35,7 @@ module l2l_axi_rd #(
     parameter BURST      = 64,   // beats per burst at most, a power of two, 1 .. 256
     parameter FIFO_DEPTH = 256,  // read buffer in beats, a power of two >= BURST and >= 2
     parameter CMD_DEPTH  = 4,    // commands in flight, a power of two >= 2
-    parameter LEN_W      = 32,   // bits of cmd_len
+    parameter LEN_W      = 32,   // bits of cmd_len, log2(BURST) + 1 .. 48
     parameter REALIGN    = 1     // 1: any element address; 0: beat-aligned addresses only (the
                                  //    low address bits are ignored, no realigning shifter is built)
 ) (
@@ -44,7 +44,10 @@ module l2l_axi_rd #(
     // command: a range of elements
     input  wire                  cmd_valid,
     output wire                  cmd_ready,
+    // bits below the element (REALIGN = 0: below the beat) are not looked at
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire [63:0]           cmd_addr,     // byte address of the first element
+    /* verilator lint_on UNUSEDSIGNAL */
     input  wire [LEN_W-1:0]      cmd_len,      // elements, >= 1
     // the range, LANES elements a beat
     output wire [EW*LANES-1:0]   m_axis_tdata,
@@ -61,10 +64,16 @@ module l2l_axi_rd #(
     output wire [1:0]            m_axi_arburst,
     output reg                   m_axi_arvalid,
     input  wire                  m_axi_arready,
+    // rid, rresp, rlast: part of the AXI4 port, not needed here: one ID, so data return in
+    // order; the kernel watches rresp itself; the engine counts beats instead of rlast
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire [0:0]            m_axi_rid,
+    /* verilator lint_on UNUSEDSIGNAL */
     input  wire [EW*LANES-1:0]   m_axi_rdata,
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire [1:0]            m_axi_rresp,
     input  wire                  m_axi_rlast,
+    /* verilator lint_on UNUSEDSIGNAL */
     input  wire                  m_axi_rvalid,
     output wire                  m_axi_rready
 );
@@ -89,12 +98,15 @@ module l2l_axi_rd #(
     localparam BL   = clog2(BURST);
     localparam CW   = LEN_W + 1;              // beat counts: up to ceil((LANES-1 + 2^LEN_W - 1) / LANES)
     localparam RW   = clog2(FIFO_DEPTH) + 1; // reserved-beat counter, 0 .. FIFO_DEPTH
+    localparam [BL:0] BURST_B = BURST[BL:0];     // BURST and its in-burst beat mask, BL + 1 bits
+    localparam [BL:0] BMASK   = BURST_B - 1'b1;
+    localparam [RW-1:0] FIFO_R = FIFO_DEPTH[RW-1:0];  // at the reserved counter's width
 
     initial begin
         if (LANES < 1 || LANES > 64 || (LANES & (LANES - 1)) != 0 || (EW != 16 && EW != 32) ||
             BURST < 1 || BURST > 256 || (BURST & (BURST - 1)) != 0 || BURST * BB > 4096 ||
             FIFO_DEPTH < 2 || FIFO_DEPTH < BURST || (FIFO_DEPTH & (FIFO_DEPTH - 1)) != 0 ||
-            CMD_DEPTH < 2 || (CMD_DEPTH & (CMD_DEPTH - 1)) != 0 || LEN_W < 1 || LEN_W > 48 ||
+            CMD_DEPTH < 2 || (CMD_DEPTH & (CMD_DEPTH - 1)) != 0 || LEN_W <= BL || LEN_W > 48 ||
             (REALIGN != 0 && REALIGN != 1)) begin
             $error("l2l_axi_rd: illegal parameters LANES=%0d EW=%0d BURST=%0d FIFO_DEPTH=%0d CMD_DEPTH=%0d LEN_W=%0d REALIGN=%0d",
                    LANES, EW, BURST, FIFO_DEPTH, CMD_DEPTH, LEN_W, REALIGN);
@@ -124,14 +136,18 @@ module l2l_axi_rd #(
     assign cmd_ready = (ar_left == 0) && q_s_ready;
     wire   cmd_take  = cmd_valid && cmd_ready;
 
+    // the FIFOs' counts are not needed: the engine keeps its own credit count (reserved)
+    /* verilator lint_off PINCONNECTEMPTY */
     l2l_fifo #(.WIDTH(QW), .AW(clog2(CMD_DEPTH))) u_cmdq (
         .clk(clk), .rst(rst),
         .s_valid(cmd_take), .s_ready(q_s_ready), .s_data({c_off, c_out, c_raw, c_keep}),
         .m_valid(q_m_valid), .m_ready(q_m_ready), .m_data(q_m_data), .count());
+    /* verilator lint_on PINCONNECTEMPTY */
 
-    wire [BL:0]   to_edge  = BURST - ((ar_next >> BBL) & (BURST - 1));      // beats to the burst boundary
-    wire [CW-1:0] blen     = (ar_left < to_edge) ? ar_left : to_edge;
-    wire          credit   = ({{(CW + 1 - RW){1'b0}}, reserved} + {1'b0, blen}) <= FIFO_DEPTH;
+    wire [BL:0]   to_edge  = BURST_B - (ar_next[BBL +: BL + 1] & BMASK);  // beats to the burst boundary
+    wire [CW-1:0] to_edge_c = {{(CW - BL - 1){1'b0}}, to_edge};
+    wire [CW-1:0] blen     = (ar_left < to_edge_c) ? ar_left : to_edge_c;
+    wire          credit   = ({{(CW + 1 - RW){1'b0}}, reserved} + {1'b0, blen}) <= {{(CW + 1 - RW){1'b0}}, FIFO_R};
     wire          ar_issue = (ar_left != 0) && (!m_axi_arvalid || m_axi_arready) && credit;
 
     wire pop;                    // a beat leaves the read buffer
@@ -154,7 +170,7 @@ module l2l_axi_rd #(
                 ar_next <= {cmd_addr[63:BBL], {BBL{1'b0}}};
             end else if (ar_issue) begin
                 ar_left <= ar_left - blen;
-                ar_next <= ar_next + (blen << BBL);
+                ar_next <= ar_next + ({{(64 - CW){1'b0}}, blen} << BBL);
             end
             if (ar_issue) begin
                 m_axi_arvalid <= 1'b1;
@@ -171,10 +187,12 @@ module l2l_axi_rd #(
     wire          raw_valid;
     wire [DW-1:0] raw_data;
 
+    /* verilator lint_off PINCONNECTEMPTY */
     l2l_fifo #(.WIDTH(DW), .AW(clog2(FIFO_DEPTH))) u_buf (
         .clk(clk), .rst(rst),
         .s_valid(m_axi_rvalid), .s_ready(m_axi_rready), .s_data(m_axi_rdata),
         .m_valid(raw_valid), .m_ready(pop), .m_data(raw_data), .count());
+    /* verilator lint_on PINCONNECTEMPTY */
 
     // ------------------------------------------------------------ realigner
     reg              ra_active;
@@ -200,7 +218,10 @@ module l2l_axi_rd #(
     assign q_m_ready = load;
 
     wire [DW-1:0]   cur  = need_raw ? raw_data : {DW{1'b0}};
+    // the pair of beats shifted down by the offset: only its low beat is the output
+    /* verilator lint_off UNUSEDSIGNAL */
     wire [2*DW-1:0] cat  = {cur, hold} >> (ra_off * EW);
+    /* verilator lint_on UNUSEDSIGNAL */
     wire [DW-1:0]   outd = (aligned || REALIGN == 0) ? raw_data : cat[DW-1:0];
 
     always @(posedge clk) begin

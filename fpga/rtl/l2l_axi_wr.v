@@ -27,13 +27,16 @@ module l2l_axi_wr #(
     parameter BURST      = 64,   // beats per burst at most, a power of two, 1 .. 256
     parameter FIFO_DEPTH = 128,  // write buffer in beats, a power of two >= BURST and >= 2
     parameter MAX_OUT    = 32,   // bursts awaiting a write response at most, 1 .. 255
-    parameter LEN_W      = 32    // bits of cmd_len
+    parameter LEN_W      = 32    // bits of cmd_len, log2(BURST) + 1 .. 48
 ) (
     input  wire                  clk,
     input  wire                  rst,          // synchronous, active high
     input  wire                  cmd_valid,
     output wire                  cmd_ready,
+    // the bits below the beat are not looked at
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire [63:0]           cmd_addr,     // beat-aligned byte address
+    /* verilator lint_on UNUSEDSIGNAL */
     input  wire [LEN_W-1:0]      cmd_len,      // elements, >= 1
     input  wire [EW*LANES-1:0]   s_axis_tdata,
     input  wire [LANES-1:0]      s_axis_tkeep,
@@ -53,8 +56,12 @@ module l2l_axi_wr #(
     output wire                  m_axi_wlast,
     output wire                  m_axi_wvalid,
     input  wire                  m_axi_wready,
+    // bid, bresp: part of the AXI4 port, not needed here: one ID, and the kernel watches
+    // bresp itself
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire [0:0]            m_axi_bid,
     input  wire [1:0]            m_axi_bresp,
+    /* verilator lint_on UNUSEDSIGNAL */
     input  wire                  m_axi_bvalid,
     output wire                  m_axi_bready
 );
@@ -78,12 +85,14 @@ module l2l_axi_wr #(
     localparam BL  = clog2(BURST);
     localparam CW  = LEN_W + 1;
     localparam FW  = clog2(FIFO_DEPTH) + 1;   // FIFO count width: 0 .. FIFO_DEPTH + 1
+    localparam [BL:0] BURST_B = BURST[BL:0];     // BURST and its in-burst beat mask, BL + 1 bits
+    localparam [BL:0] BMASK   = BURST_B - 1'b1;
 
     initial begin
         if (LANES < 1 || LANES > 64 || (LANES & (LANES - 1)) != 0 || (EW != 16 && EW != 32) ||
             BURST < 1 || BURST > 256 || (BURST & (BURST - 1)) != 0 || BURST * BB > 4096 ||
             FIFO_DEPTH < 2 || FIFO_DEPTH < BURST || (FIFO_DEPTH & (FIFO_DEPTH - 1)) != 0 ||
-            MAX_OUT < 1 || MAX_OUT > 255 || LEN_W < 1 || LEN_W > 48) begin
+            MAX_OUT < 1 || MAX_OUT > 255 || LEN_W <= BL || LEN_W > 48) begin
             $error("l2l_axi_wr: illegal parameters LANES=%0d EW=%0d BURST=%0d FIFO_DEPTH=%0d MAX_OUT=%0d LEN_W=%0d",
                    LANES, EW, BURST, FIFO_DEPTH, MAX_OUT, LEN_W);
             $finish;
@@ -120,8 +129,9 @@ module l2l_axi_wr #(
     wire          lq_ready;
     wire [8:0]    lq_data;
 
-    wire [BL:0]   to_edge  = BURST - ((aw_next >> BBL) & (BURST - 1));
-    wire [CW-1:0] blen     = (aw_left < to_edge) ? aw_left : to_edge;
+    wire [BL:0]   to_edge  = BURST_B - (aw_next[BBL +: BL + 1] & BMASK);  // beats to the burst boundary
+    wire [CW-1:0] to_edge_c = {{(CW - BL - 1){1'b0}}, to_edge};
+    wire [CW-1:0] blen     = (aw_left < to_edge_c) ? aw_left : to_edge_c;
     wire          have     = {{(CW + 1 - FW){1'b0}}, d_count} >= ({{(CW + 1 - FW){1'b0}}, committed} + {1'b0, blen});
     wire          aw_issue = (aw_left != 0) && (!m_axi_awvalid || m_axi_awready) && have &&
                              lq_s_ready && (out_b < MAX_OUT);
@@ -151,7 +161,7 @@ module l2l_axi_wr #(
                 aw_next <= {cmd_addr[63:BBL], {BBL{1'b0}}};
             end else if (aw_issue) begin
                 aw_left <= aw_left - blen;
-                aw_next <= aw_next + (blen << BBL);
+                aw_next <= aw_next + ({{(64 - CW){1'b0}}, blen} << BBL);
             end
             if (aw_issue) begin
                 m_axi_awvalid <= 1'b1;
@@ -165,10 +175,13 @@ module l2l_axi_wr #(
         end
     end
 
+    // its count is not needed: lq_s_ready alone gates the next burst
+    /* verilator lint_off PINCONNECTEMPTY */
     l2l_fifo #(.WIDTH(9), .AW(2)) u_lenq (
         .clk(clk), .rst(rst),
         .s_valid(aw_issue), .s_ready(lq_s_ready), .s_data(blen[8:0]),
         .m_valid(lq_valid), .m_ready(lq_ready), .m_data(lq_data), .count());
+    /* verilator lint_on PINCONNECTEMPTY */
 
     // ------------------------------------------------------------ W
     reg       w_active;

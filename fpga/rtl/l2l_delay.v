@@ -21,9 +21,12 @@ module l2l_delay #(
     parameter DEPTH = 1,    // stages, >= 0 (0: q = d)
     parameter RESET = 0     // 1: synchronous reset of every stage to 0
 ) (
+    // DEPTH = 0 is a wire: clk, rst and ce go unused
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire             clk,
     input  wire             rst,
     input  wire             ce,
+    /* verilator lint_on UNUSEDSIGNAL */
     input  wire [WIDTH-1:0] d,
     output wire [WIDTH-1:0] q
 );

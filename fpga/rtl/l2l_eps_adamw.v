@@ -69,7 +69,11 @@ module l2l_eps_adamw #(
     assign s_axis_tready = ce;      // ce: a flip-flop (skid register empty)
 
     // ---- the lanes --------------------------------------------------------------
+    // every lane carries the same valid chain: lane 0's is the pipeline's (the others are
+    // left for synthesis to trim)
+    /* verilator lint_off UNUSEDSIGNAL */
     wire [LANES-1:0]      lane_valid;
+    /* verilator lint_on UNUSEDSIGNAL */
     wire [32*LANES-1:0]   pp, mp, vp;
     wire [CW*LANES-1:0]   cc;
 

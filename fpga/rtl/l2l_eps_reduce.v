@@ -88,8 +88,13 @@ module l2l_eps_reduce #(
     endfunction
 
     localparam AW = (BLOCK > 1) ? clog2(BLOCK) : 1;     // accumulator address bits
-    localparam JW = clog2(BLOCK + 1) + 1;               // beat counters 0..BLOCK
-    localparam FW = clog2(PRE + LA + 2) + 1;            // inflight counter
+    // the beat counters (0..BLOCK) and the inflight counter (0..PRE+LA+1) compare with each
+    // other, so they share one width: the larger of the two needed
+    localparam JW0 = clog2(BLOCK + 1) + 1;
+    localparam FW0 = clog2(PRE + LA + 2) + 1;
+    localparam JW  = (JW0 > FW0) ? JW0 : FW0;
+    localparam FW  = JW;
+    localparam [JW-1:0] BLOCK_J = BLOCK[JW-1:0];
 
     initial begin
         if (LANES < 1 || LANES > 16) begin
@@ -142,14 +147,14 @@ module l2l_eps_reduce #(
                     j <= j + 1'b1;
                 end
             end
-            inflight <= inflight + (accept ? 1'b1 : 1'b0) - (retire ? 1'b1 : 1'b0);
+            inflight <= inflight + {{(FW - 1){1'b0}}, accept} - {{(FW - 1){1'b0}}, retire};
         end
     end
 
 `ifndef SYNTHESIS
     // simulation only: a segment longer than the accumulator is a protocol error
     always @(posedge clk) begin
-        if (!rst && accept && j >= BLOCK) begin
+        if (!rst && accept && j >= BLOCK_J) begin
             $display("l2l_eps_reduce: segment longer than BLOCK=%0d beats at %0t", BLOCK, $time);
             $finish;
         end
@@ -193,7 +198,12 @@ module l2l_eps_reduce #(
         .clk(clk), .rst(rst), .ce(ce), .d({last_s, keep_s}), .q({last_o, keep_o}));
 
     // ---- the lanes ---------------------------------------------------------------------
-    wire [LANES-1:0]    lane_add_valid, lane_out_valid;
+    wire [LANES-1:0]    lane_add_valid;
+    // every lane carries the same valid chain: lane 0's out_valid is the pipeline's (the
+    // others are left for synthesis to trim)
+    /* verilator lint_off UNUSEDSIGNAL */
+    wire [LANES-1:0]    lane_out_valid;
+    /* verilator lint_on UNUSEDSIGNAL */
     wire [32*LANES-1:0] g_out;
 
     genvar i;
