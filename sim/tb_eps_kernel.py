@@ -35,7 +35,8 @@ cocotb tests (selected by tests/test_rtl_kernel.py and tests/test_rtl_trace.py):
 - ``test_trace_replay``: every update of a recorded training run
   (``$L2L_TRACE``, written by sim/eps_trace.py) replayed through the kernel,
   each layer's state kept in device memory across steps, every output
-  checked against the recorded NumPy-backend outputs.
+  checked against the recorded NumPy-backend outputs, skipped (flag 0)
+  updates included; what was replayed goes to ``$L2L_KERNEL_REPORT``.
 
 Environment: ``L2L_GDTYPE`` / ``L2L_CDTYPE`` (fp32, bf16, fp16: must match the
 GDTYPE / CDTYPE the top level was built with), ``L2L_KERNEL_BLOCK`` (its BLOCK,
@@ -549,7 +550,14 @@ async def test_throughput(dut):
 
 @cocotb.test()
 async def test_trace_replay(dut):
-    """Every EPS update of a recorded training run, replayed through the kernel bit for bit."""
+    """Every EPS update of a recorded training run, replayed through the kernel bit for bit.
+
+    A recorded skipped update (flag 0) must leave p, m, v and the copy in device
+    memory as they were: the recorder says the NumPy EPS left the state alone
+    (its outputs equal its inputs), the kernel's state is compared with those
+    recorded outputs, and its copy with the copy the last finite update of that
+    layer wrote. ``$L2L_KERNEL_REPORT``, when set, gets what was replayed (so
+    the caller can require that skipped updates were among them)."""
     import eps_trace
 
     tb = TB(dut, int(os.environ.get("L2L_KERNEL_SEED", "1")))
@@ -558,19 +566,35 @@ async def test_trace_replay(dut):
     trace = eps_trace.load(os.environ["L2L_TRACE"])
     assert trace.gdtype == tb.gdtype and trace.cdtype == tb.cdtype
     layouts: dict[int, Layout] = {}
-    skipped = 0
+    copy_written: set[int] = set()        # layers whose copy in device memory the kernel wrote
+    replayed = []
     for i, u in enumerate(trace.updates):
         n, K = u.p.shape[0], u.grads.shape[0]
+        what = f"update {i} (layer {u.layer}, n={n}, K={K})"
         if u.layer not in layouts:            # first update of the layer: its state goes to the card
             layouts[u.layer] = tb.layout(n, K)
             tb.write_state(layouts[u.layer], u.p, u.m, u.v)
         lay = layouts[u.layer]
         # the state the kernel holds must be the state the NumPy backend had before this update
         for name, a, e in zip("pmv", tb.read_state(lay, n)[:3], (u.p, u.m, u.v)):
-            assert_same(f"update {i} (layer {u.layer}) input {name}", a, e)
+            assert_same(f"{what} input {name}", a, e)
+        if not u.finite:                      # the recording itself: NumPy left the layer alone
+            for name, a, e in zip("pmv", (u.p_out, u.m_out, u.v_out), (u.p, u.m, u.v)):
+                assert_same(f"{what}: recorded skip changed {name}", a, e)
         want = (u.p_out, u.m_out, u.v_out, u.copy_out)
-        await tb.checked_update(lay, n, K, eps_trace.grad_words(u.grads), u.scalars, u.finite, want,
-                                f"update {i} (layer {u.layer}, n={n}, K={K})")
-        skipped += not u.finite
+        await tb.checked_update(lay, n, K, eps_trace.grad_words(u.grads), u.scalars, u.finite, want, what)
+        got = tb.read_state(lay, n)
+        for name, a, e in zip("pmv", got[:3], want[:3]):
+            assert_same(f"{what} output {name}", a, e)
+        if u.finite or u.layer in copy_written:
+            assert_same(f"{what} copy", got[3], u.copy_out)
+        if u.finite:
+            copy_written.add(u.layer)
+        replayed.append({"layer": u.layer, "n": n, "K": K, "finite": u.finite,
+                         "copy_checked": bool(u.finite or u.layer in copy_written)})
+    skipped = sum(not r["finite"] for r in replayed)
     tb.log.info("replayed %d updates of %d layers (%d not finite) bit for bit",
-                len(trace.updates), len(layouts), skipped)
+                len(replayed), len(layouts), skipped)
+    if os.environ.get("L2L_KERNEL_REPORT"):
+        Path(os.environ["L2L_KERNEL_REPORT"]).write_text(json.dumps(
+            {"gdtype": tb.gdtype, "cdtype": tb.cdtype, "lanes": tb.lanes, "updates": replayed}, indent=1))
