@@ -153,6 +153,9 @@ def _rate(tmp_path, *, lanes: int, n: int, ks: str, gdtype: str = "fp32", cdtype
     out = json.loads(report.read_text())
     print(json.dumps(out, indent=1))
     assert [r["K"] for r in out["runs"]] == [int(k) for k in ks.split(",")]
+    for r in out["runs"]:      # asserted in the testbench too; here so a report cannot hide a miss
+        assert r["check_steady_elems_per_cycle_per_lane"] >= 0.95 / r["K"], r
+        assert r["update_steady_elems_per_cycle_per_lane"] >= 0.95 / r["K"], r
     return out
 
 
