@@ -13,6 +13,17 @@ tiny byte-level GPT over the stdlib corpus, so the trace holds the values a
 training run really produces (small weights, tiny moments, gradients over
 many binades, fp16 loss-scale overflows when they happen).
 
+A skipped update is made to happen at a chosen place with a :class:`Poison`:
+one element of one contributor's gradient of one layer at one step is set to
+a non-finite value as the EPS receives it, the way a diverging worker or an
+overflow on one device would deliver it. Everything after is the library's
+own behaviour: the NumPy EPS finds the reduced gradient not finite and
+returns False without touching the layer (docs/eps-numerics.md, "finite"),
+the server keeps the layer's step count, so the layer's next update runs
+with the same ``t`` again, and the other layers go on. A bf16 run has no
+loss scaling (fp32's exponent range), so without a poison its trace would
+hold no skipped update at all.
+
 :func:`record` runs and saves a trace (``.npz``: bit patterns, so bfloat16
 and binary16 survive any NumPy); :func:`load` reads one back as
 :class:`Trace`; :func:`grad_words` turns a (K, n) gradient block into the
@@ -64,14 +75,32 @@ class Trace:
     meta: dict
 
 
+@dataclass(frozen=True)
+class Poison:
+    """Set ``grads[contributor, index]`` of ``layer``'s update at training step ``step``
+    (0-based, counted per layer) to ``value`` before the EPS sees it."""
+    step: int
+    layer: int
+    contributor: int
+    index: int
+    value: float = float("inf")
+
+
 class RecordingBackend(EpsBackend):
-    """An EPS backend that runs ``inner`` and records every ``step`` it is asked for."""
+    """An EPS backend that runs ``inner`` and records every ``step`` it is asked for.
+
+    With ``poison``, the gradient block of that one update is copied, the chosen
+    element set, and the copy handed to ``inner`` and recorded: the server's
+    inbox is not written (it is the server's, and reused).
+    """
 
     name = "recording"
 
-    def __init__(self, inner: EpsBackend) -> None:
+    def __init__(self, inner: EpsBackend, poison: Poison | None = None) -> None:
         self.inner = inner
+        self.poison = poison
         self.updates: list[Update] = []
+        self._count: dict[int, int] = {}    # layer -> step calls so far
 
     def allocate(self, layer: int, p: np.ndarray) -> None:
         self.inner.allocate(layer, p)
@@ -81,6 +110,12 @@ class RecordingBackend(EpsBackend):
         p, m, v = self.inner.read_state(layer)
         g = np.array(np.stack([np.asarray(x) for x in grads]) if not isinstance(grads, np.ndarray)
                      else grads, copy=True)
+        at = self._count.get(layer, 0)
+        self._count[layer] = at + 1
+        q = self.poison
+        if q is not None and (q.step, q.layer) == (at, layer):
+            g[q.contributor, q.index] = q.value    # to the gradient dtype: inf and NaN survive
+            grads = g
         finite = self.inner.step(layer, grads, scalars, copy_out)
         p2, m2, v2 = self.inner.read_state(layer)
         self.updates.append(Update(layer, g, scalars, p, m, v, bool(finite), p2, m2, v2,
@@ -102,12 +137,14 @@ class RecordingBackend(EpsBackend):
 
 def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, steps: int = 2,
            d_model: int = 4, heads: int = 1, layers: int = 1, seq_len: int = 8, batch_size: int = 4,
-           micro_batches: int = 2, lr: float = 2e-3, seed: int = 0) -> Trace:
+           micro_batches: int = 2, lr: float = 2e-3, seed: int = 0, poison: Poison | None = None) -> Trace:
     """Train a tiny GPT for ``steps`` steps with the recording NumPy EPS; save and return the trace.
 
     ``precision`` (fp32, bf16, fp16) is the relay's compute precision and so the
     gradient and device-copy dtype; ``contributors`` > 1 runs a data-parallel
     relay of that many CPU workers, whose gradients are the EPS's K contributions.
+    ``poison`` makes one update non-finite (see :class:`Poison`); it is kept in the
+    trace's ``meta``.
     """
     import torch
 
@@ -117,7 +154,7 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     from l2l.relay.engine import RelayEngine
 
     cfg = ModelConfig(family="gpt", layers=layers, d_model=d_model, heads=heads, seq_len=seq_len, dropout=0.0)
-    rec = RecordingBackend(NumpyBackend())
+    rec = RecordingBackend(NumpyBackend(), poison)
     eps = EagerParamServer(rec, AdamWHyper(lr=lr), copy_dtype=precision, grad_dtype=precision,
                            contributors=contributors)
     cpu = torch.device("cpu")
@@ -139,7 +176,7 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     finally:
         eps.close()
     meta = {"precision": precision, "contributors": contributors, "steps": steps, "model": cfg.to_dict(),
-            "lr": lr, "losses": losses}
+            "lr": lr, "losses": losses, "poison": None if poison is None else vars(poison)}
     trace = Trace(precision, precision, list(rec.updates), meta)
     save(trace, path)
     return trace

@@ -11,12 +11,20 @@ update the state in device memory must equal the recorded input state, and
 after it the flag, p', m', v' and the copy must equal the recorded outputs bit
 for bit. So the RTL reproduces the run, not just single updates.
 
-Default: fp32, one contributor, 3 steps of a d_model = 4 model (9 updates,
-6996 elements). Slow: fp16 and bf16 mixed precision with two data-parallel
-contributors (K = 2) on a d_model = 4 model.
+Default (``test_trace_replay_bf16_two_workers_with_skip``): bf16 gradients
+and bf16 device copy, two data-parallel contributors (K = 2), 3 steps of a
+d_model = 2 model (9 updates, LANES = 8), with one update skipped: contributor 1's
+gradient of the transformer block at step 2 carries an inf
+(:class:`eps_trace.Poison`), so the NumPy EPS returned flag 0 there and the
+block's next update ran at the same t. The test requires the trace to hold
+that skipped update and the kernel to have replayed it (flag 0, p, m, v and
+the copy unchanged in device memory), so it cannot silently stop covering
+it. Slow: fp32 with one contributor, fp16 with two (loss scaling, no
+poison: skipped updates only if the scale overflows).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -66,16 +74,52 @@ def test_recorded_trace_is_what_the_numpy_eps_did(tmp_path):
 
 
 def _replay(tmp_path, *, precision: str, contributors: int, steps: int, d_model: int, seq_len: int,
-            lanes: int, burst: int, block: int) -> None:
-    path = tmp_path / "trace.npz"
+            lanes: int, burst: int, block: int, poison: eps_trace.Poison | None = None) -> tuple:
+    """Record a run, replay it through the kernel; (the trace, the kernel's replay report)."""
+    path, report = tmp_path / "trace.npz", tmp_path / "replay.json"
     trace = eps_trace.record(path, precision=precision, contributors=contributors, steps=steps,
-                             d_model=d_model, seq_len=seq_len)
+                             d_model=d_model, seq_len=seq_len, poison=poison)
     assert len(trace.updates) == 3 * steps
     run_kernel("test_trace_replay", lanes=lanes, gdtype=precision, cdtype=precision, burst=burst,
-               block=block, L2L_TRACE=path, L2L_KERNEL_SEED=5, L2L_KERNEL_PAUSE=0.1)
+               block=block, L2L_TRACE=path, L2L_KERNEL_SEED=5, L2L_KERNEL_PAUSE=0.1,
+               L2L_KERNEL_REPORT=report)
+    replayed = json.loads(report.read_text())
+    assert [(r["layer"], r["finite"]) for r in replayed["updates"]] == \
+        [(u.layer, u.finite) for u in trace.updates], "the kernel did not replay the whole trace"
+    return trace, replayed
+
+
+# the transformer block (layer 1, 74 elements at d_model = 2) at its second step, worker 1
+BLOCK_SKIP = eps_trace.Poison(step=1, layer=1, contributor=1, index=37)
 
 
 @needs_sim
+def test_trace_replay_bf16_two_workers_with_skip(tmp_path):
+    """bf16 gradients and copy, K = 2, 3 steps of a d_model = 2 GPT (embedding 520, block 74,
+    head 516 elements: at LANES = 8 the block and the head end mid-beat, and their
+    contribution 1 starts mid-beat), one update skipped; every update bit for bit, the skip
+    included."""
+    trace, replayed = _replay(tmp_path, precision="bf16", contributors=2, steps=3, d_model=2,
+                              seq_len=4, lanes=8, burst=16, block=16, poison=BLOCK_SKIP)
+    assert trace.gdtype == trace.cdtype == "bf16" and replayed["gdtype"] == replayed["cdtype"] == "bf16"
+    assert {u.grads.shape[0] for u in trace.updates} == {2}
+    skipped = [i for i, u in enumerate(trace.updates) if not u.finite]
+    block = [i for i, u in enumerate(trace.updates) if u.layer == BLOCK_SKIP.layer]
+    # exactly the poisoned update was skipped, and it was a real skip of the NumPy EPS ...
+    assert skipped == [block[BLOCK_SKIP.step]], skipped
+    u = trace.updates[skipped[0]]
+    assert not np.isfinite(u.grads[BLOCK_SKIP.contributor, BLOCK_SKIP.index].astype(np.float32))
+    assert np.isfinite(u.grads[1 - BLOCK_SKIP.contributor].astype(np.float32)).all()
+    # ... whose step count stayed: the block's next update has the skipped one's scalars (same t)
+    assert trace.updates[block[BLOCK_SKIP.step + 1]].scalars == u.scalars
+    assert trace.updates[block[BLOCK_SKIP.step - 1]].scalars != u.scalars
+    # and the kernel replayed it, flag 0, with the copy compared (a finite update came before)
+    assert [r for r in replayed["updates"] if not r["finite"]] == \
+        [{"layer": BLOCK_SKIP.layer, "n": 74, "K": 2, "finite": False, "copy_checked": True}]
+
+
+@needs_sim
+@pytest.mark.slow
 def test_trace_replay_fp32(tmp_path):
     """fp32, K = 1: 3 steps of a d_model = 4 GPT (embedding 1056, block 244, head 1032 elements)."""
     _replay(tmp_path, precision="fp32", contributors=1, steps=3, d_model=4, seq_len=8,
@@ -84,8 +128,8 @@ def test_trace_replay_fp32(tmp_path):
 
 @needs_sim
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_trace_replay_mixed_precision_two_workers(tmp_path, precision):
-    """16-bit gradients and copies, two data-parallel workers (K = 2), 3 steps of a d_model = 4 GPT."""
-    _replay(tmp_path, precision=precision, contributors=2, steps=3, d_model=4, seq_len=8,
+def test_trace_replay_fp16_two_workers(tmp_path):
+    """fp16 gradients and copies (dynamic loss scaling), two data-parallel workers (K = 2),
+    3 steps of a d_model = 4 GPT."""
+    _replay(tmp_path, precision="fp16", contributors=2, steps=3, d_model=4, seq_len=8,
             lanes=2, burst=16, block=16)
