@@ -24,8 +24,10 @@
 // round & (sticky | lsb), added to {exponent, fraction}.
 //
 // Stages (each registered, all advanced by ce):
-//   1       classify (zero/subnormal/inf/NaN/negative), leading zeros
-//   2       normalise, exponent halving, radicand alignment
+//   1       classify (zero/subnormal/inf/NaN/negative), leading zeros,
+//           whole-byte part of the normalising shift
+//   2       rest of the normalising shift (0..7 bits), exponent halving,
+//           radicand alignment
 //   3..27   25 root bits, one per stage
 //           (the last one also makes the sticky bit)
 //   28      round to nearest even, special cases -> y
@@ -74,8 +76,21 @@ module l2l_fp32_sqrt (
     `include "l2l_lzc.vh"
     /* verilator lint_on UNUSEDSIGNAL */
 
+    // The significand shifted left past its all-zero leading bytes (0, 1 or
+    // 2 of them: 8 * lzc24(m)[4:3] bits), so that stage 2 has only the
+    // shift by lzc24(m)[2:0] left to do. A zero significand gives 0.
+    function [23:0] byte_norm;
+        input [23:0] m;
+        casez ({|m[23:16], |m[15:8]})
+            2'b1?:   byte_norm = m;
+            2'b01:   byte_norm = {m[15:0], 8'd0};
+            default: byte_norm = {m[7:0], 16'd0};
+        endcase
+    endfunction
+
     // ------------------------------------------------------------------
-    // stage 1: classify, leading zeros
+    // stage 1: classify, leading zeros, whole-byte part of the normalising
+    // shift
     // ------------------------------------------------------------------
     wire [7:0]  ea     = a[30:23];
     wire [22:0] fa     = a[22:0];
@@ -99,7 +114,7 @@ module l2l_fp32_sqrt (
         if (ce) begin
             s1_sign <= a[31];
             s1_sp   <= is_nan ? SP_NAN : is_inf ? SP_INF : a_zero ? SP_ZERO : SP_NONE;
-            s1_m    <= ma0;
+            s1_m    <= byte_norm(ma0);
             s1_lz   <= lzc24(ma0);
             // a subnormal has the exponent of the smallest normal
             s1_e    <= (ea == 8'd0) ? 8'd1 : ea;
@@ -112,7 +127,7 @@ module l2l_fp32_sqrt (
     // floor(t / 2). Radicand M = m * 2^48 = mn << (25 + odd); its top 26
     // bits M[49:24] = mn << (1 + odd), the rest is zero.
     // ------------------------------------------------------------------
-    wire [23:0] mn = s1_m << s1_lz;
+    wire [23:0] mn = s1_m << s1_lz[2:0];   // stage 1 shifted the whole bytes
     wire [8:0]  t  = {1'b0, s1_e} - {4'd0, s1_lz} + 9'd127;
 
     reg        s2_v;
