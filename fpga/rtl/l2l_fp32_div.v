@@ -242,7 +242,10 @@ module l2l_fp32_div (
                 if (rst)     v_q <= 1'b0;
                 else if (ce) v_q <= v_w[k-1];
                 if (ce) begin
-                    rem_q <= bit_q ? t[23:0] : {rem_in[22:0], 1'b0};
+                    // bit 0 is t[0] or 0 (2rem is even), written as an AND
+                    // so that synthesis feeds it to the flip-flop's D rather
+                    // than to a synchronous reset (slower setup on ECP5)
+                    rem_q <= {bit_q ? t[23:1] : rem_in[22:0], bit_q & t[0]};
                     d_q   <= d_in;
                     q_q   <= {q_in, bit_q};
                 end

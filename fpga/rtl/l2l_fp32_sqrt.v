@@ -211,8 +211,12 @@ module l2l_fp32_sqrt (
                 wire [j+2:0] diff = rp - tt;
                 reg  [j+1:0] r_q;
                 assign bit_q = ~diff[j+2];
+                // the select as AND/OR: where rp has constant-zero bits
+                // (radicand pairs j >= 12) synthesis then feeds diff & bit
+                // to the flip-flop's D, not to a synchronous reset (slower
+                // setup on ECP5)
                 always @(posedge clk)
-                    if (ce) r_q <= bit_q ? diff[j+1:0] : rp[j+1:0];
+                    if (ce) r_q <= (diff[j+1:0] & {(j+2){bit_q}}) | (rp[j+1:0] & {(j+2){~bit_q}});
                 assign r_w[j+1] = {{(24-j){1'b0}}, r_q};
             end else begin : sticky
                 // the new remainder is nonzero: rp != tt when the bit is
