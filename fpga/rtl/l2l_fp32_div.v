@@ -37,10 +37,13 @@
 //   28      rest of the subnormal right shift (0..7 bits), sticky bit
 //   29      round to nearest even, overflow, special cases -> y
 //
-// Timing (ECP5 -8, nextpnr, out of context): every stage is one carry chain
-// of at most 31 bits plus a LUT level or two, or a few LUT levels with no
-// carry chain; no stage chains two carry chains or a carry chain into a
-// wide OR (fpga/rtl/README.md has the figures).
+// Timing (yosys synth_ecp5, nextpnr-ecp5 --85k, out of context): every
+// stage is one carry chain of at most 31 bits plus a LUT level or two, or a
+// few LUT levels with no carry chain; no stage chains two carry chains or a
+// carry chain into a wide OR. The slowest stages are the rounding
+// increment, the round-bit stage and a quotient-bit iteration (25-bit
+// subtract, then select): 173-190 MHz over nextpnr seeds 1-3, where a
+// registered 32-bit adder reaches ~277 MHz.
 //
 // Special cases: NaN in, 0/0, inf/inf give the canonical quiet NaN
 // 0x7FC00000; x/0 (x != 0) and inf/finite give signed infinity; 0/x and
@@ -297,7 +300,8 @@ module l2l_fp32_div (
     // that drops, joined with "remainder != 0"; stage 4+NIT shifts xc by f.
     // The round bit, which arrives from the carry chain, only lands in xc
     // (c = 0) or in the sticky bit (c > 0); every other term is ready
-    // beside the subtraction. The remainder is nonzero when
+    // beside the subtraction, and the sticky bit is kept as its two
+    // candidates (round bit 1 / 0) for stage 4+NIT to pick. The remainder is nonzero when
     // 2rem != d (round bit 1: rem' = 2rem - d) or rem != 0 (round bit 0:
     // rem' = 2rem), compares with no carry chain.
     // ------------------------------------------------------------------
@@ -311,7 +315,6 @@ module l2l_fp32_div (
     wire        l_round = ({l_rem, 1'b0} >= {1'b0, l_d});   // 2rem >= d
     wire        l_ne    = ({l_rem, 1'b0} != {1'b0, l_d});
     wire        l_rnz   = (l_rem != 24'd0);
-    wire        l_st    = l_round ? l_ne : l_rnz;
 
     // {q, 0, 0} >> 8c for c > 0 (the round bit is shifted out), and the
     // OR of the q bits that drops: x[8c-1:2] = l_q[8c-3:0]
@@ -326,9 +329,16 @@ module l2l_fp32_div (
         endcase
     end
 
+    // the sticky bit so far (remainder, dropped q bits, dropped round
+    // bit) for a round bit of 1 and for one of 0
+    wire        st_if1  = l_ne | l_qor | (l_c != 2'd0);
+    wire        st_if0  = l_rnz | l_qor;
+
     reg           xc_v;
     reg  [25:0]   xc_x;
-    reg           xc_st;
+    reg           xc_rnd;   // the round bit
+    reg           xc_s1;    // sticky bit so far if xc_rnd, and if not
+    reg           xc_s0;
     reg  [7:0]    xc_m;     // xc_m[i] = (i <= f): the bits xc[f:0]
     reg  [14:0]   xc_side;  // {sign, sp, f, ovf, ef}
 
@@ -337,7 +347,11 @@ module l2l_fp32_div (
         else if (ce) xc_v <= v_w[NIT-1];
         if (ce) begin
             xc_x    <= (l_c == 2'd0) ? {l_q, l_round, 1'b0} : l_xq;
-            xc_st   <= l_st | l_qor | ((l_c != 2'd0) & l_round);
+            // the select on the round bit is left to stage 4+NIT, so that
+            // the carry chain's output meets no logic here but xc_x[1]'s
+            xc_rnd  <= l_round;
+            xc_s1   <= st_if1;
+            xc_s0   <= st_if0;
             xc_m    <= ~(8'hFE << l_f);
             xc_side <= {l_side[16:14], l_f, l_side[8:0]};
         end
@@ -379,7 +393,7 @@ module l2l_fp32_div (
             sf_ef   <= f_ef;
             sf_frac <= xs[24:2];
             sf_rb   <= xs[1];
-            sf_st   <= lost | xc_st;
+            sf_st   <= lost | (xc_rnd ? xc_s1 : xc_s0);
         end
     end
 
