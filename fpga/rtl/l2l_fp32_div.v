@@ -23,12 +23,27 @@
 // across a power of two, so overflow is decided by the exponent alone.)
 //
 // Stages (each registered, all advanced by ce):
-//   1       classify both operands (zero/subnormal/inf/NaN), leading zeros
-//   2       normalise the significands, biased quotient exponent
-//   3       integer quotient bit and pre-scale (ma >= mb ? ma - mb : 2ma - mb)
-//   4..27   24 quotient bits (23 fraction + round), one per stage
-//   28      subnormal right shift with sticky collection
+//   1       classify both operands (zero/subnormal/inf/NaN), leading zeros,
+//           whole-byte part of the normalising shift, exponent difference
+//           ea - eb + 127 (and + 126)
+//   2       rest of the normalising shift (0..7 bits), biased quotient
+//           exponent e and e - 1
+//   3       integer quotient bit and pre-scale (ma >= mb ? ma - mb : 2ma - mb),
+//           exponent select
+//   4..27   24 quotient bits (23 fraction + round), one per stage; stage 4
+//           also decodes the exponent (subnormal shift, overflow), stage 27
+//           (round bit) also makes the sticky bit so far and shifts right
+//           by the whole-byte part of the subnormal shift
+//   28      rest of the subnormal right shift (0..7 bits), sticky bit
 //   29      round to nearest even, overflow, special cases -> y
+//
+// Timing (yosys synth_ecp5, nextpnr-ecp5 --85k, out of context): every
+// stage is one carry chain of at most 31 bits plus a LUT level or two, or a
+// few LUT levels with no carry chain; no stage chains two carry chains or a
+// carry chain into a wide OR. The slowest stages are the rounding
+// increment, the round-bit stage and a quotient-bit iteration (25-bit
+// subtract, then select): 173-190 MHz over nextpnr seeds 1-3, where a
+// registered 32-bit adder reaches ~277 MHz.
 //
 // Special cases: NaN in, 0/0, inf/inf give the canonical quiet NaN
 // 0x7FC00000; x/0 (x != 0) and inf/finite give signed infinity; 0/x and
@@ -65,10 +80,27 @@ module l2l_fp32_div (
         end
     end
 
+    // l2l_lzc.vh (not this unit's file) leaves one internal bit of lzc24
+    // unread (v4[0]: the low half is never all zero thanks to its padding)
+    /* verilator lint_off UNUSEDSIGNAL */
     `include "l2l_lzc.vh"
+    /* verilator lint_on UNUSEDSIGNAL */
+
+    // A significand shifted left past its all-zero leading bytes (0, 1 or
+    // 2 of them: 8 * lzc24(m)[4:3] bits), so that stage 2 has only the
+    // shift by lzc24(m)[2:0] left to do. A zero significand gives 0.
+    function [23:0] byte_norm;
+        input [23:0] m;
+        casez ({|m[23:16], |m[15:8]})
+            2'b1?:   byte_norm = m;
+            2'b01:   byte_norm = {m[15:0], 8'd0};
+            default: byte_norm = {m[7:0], 16'd0};
+        endcase
+    endfunction
 
     // ------------------------------------------------------------------
-    // stage 1: classify, leading zeros
+    // stage 1: classify, leading zeros, whole-byte part of the normalising
+    // shift
     // ------------------------------------------------------------------
     wire [7:0]  ea = a[30:23];
     wire [7:0]  eb = b[30:23];
@@ -95,7 +127,11 @@ module l2l_fp32_div (
     reg [1:0]  s1_sp;
     reg [23:0] s1_ma, s1_mb;
     reg [4:0]  s1_lza, s1_lzb;
-    reg [7:0]  s1_ea, s1_eb;
+    reg [9:0]  s1_ed0, s1_ed1;
+
+    // a subnormal has the exponent of the smallest normal
+    wire [9:0] ea10 = {2'b00, ea[7:1], ea[0] | (ea == 8'd0)};
+    wire [9:0] eb10 = {2'b00, eb[7:1], eb[0] | (eb == 8'd0)};
 
     always @(posedge clk) begin
         if (rst)     s1_v <= 1'b0;
@@ -103,25 +139,30 @@ module l2l_fp32_div (
         if (ce) begin
             s1_sign <= a[31] ^ b[31];
             s1_sp   <= is_nan ? SP_NAN : is_inf ? SP_INF : is_zero ? SP_ZERO : SP_NONE;
-            s1_ma   <= ma0;
-            s1_mb   <= mb0;
+            s1_ma   <= byte_norm(ma0);
+            s1_mb   <= byte_norm(mb0);
             s1_lza  <= lzc24(ma0);
             s1_lzb  <= lzc24(mb0);
-            // a subnormal has the exponent of the smallest normal
-            s1_ea   <= (ea == 8'd0) ? 8'd1 : ea;
-            s1_eb   <= (eb == 8'd0) ? 8'd1 : eb;
+            // quotient exponent before normalisation, and one less
+            s1_ed0  <= ea10 - eb10 + 10'd127;
+            s1_ed1  <= ea10 - eb10 + 10'd126;
         end
     end
 
     // ------------------------------------------------------------------
-    // stage 2: normalise, quotient exponent (biased, 10-bit signed:
-    // (ea - lza) - (eb - lzb) + 127 lies in [-149, 403])
+    // stage 2: normalise (the shift by lz[2:0] left after stage 1's whole
+    // bytes), quotient exponent (biased, 10-bit signed:
+    // (ea - lza) - (eb - lzb) + 127 lies in [-149, 403]) and one less, for
+    // stage 3 to pick without an adder after its compare
     // ------------------------------------------------------------------
+    // lzb - lza in [-23, 23], sign-extended to 10 bits
+    wire [5:0] dlz  = {1'b0, s1_lzb} - {1'b0, s1_lza};
+
     reg        s2_v;
     reg        s2_sign;
     reg [1:0]  s2_sp;
     reg [23:0] s2_ma, s2_mb;
-    reg [9:0]  s2_e;
+    reg [9:0]  s2_e, s2_em1;
 
     always @(posedge clk) begin
         if (rst)     s2_v <= 1'b0;
@@ -129,9 +170,10 @@ module l2l_fp32_div (
         if (ce) begin
             s2_sign <= s1_sign;
             s2_sp   <= s1_sp;
-            s2_ma   <= s1_ma << s1_lza;
-            s2_mb   <= s1_mb << s1_lzb;
-            s2_e    <= {2'b00, s1_ea} - {5'd0, s1_lza} - {2'b00, s1_eb} + {5'd0, s1_lzb} + 10'd127;
+            s2_ma   <= s1_ma << s1_lza[2:0];
+            s2_mb   <= s1_mb << s1_lzb[2:0];
+            s2_e    <= s1_ed0 + {{4{dlz[5]}}, dlz};
+            s2_em1  <= s1_ed1 + {{4{dlz[5]}}, dlz};
         end
     end
 
@@ -139,7 +181,9 @@ module l2l_fp32_div (
     // stage 3: integer quotient bit (always 1 after pre-scaling)
     // ------------------------------------------------------------------
     wire [24:0] d_ge = {1'b0, s2_ma} - {1'b0, s2_mb};   // ma - mb
-    wire [24:0] d_lt = {s2_ma, 1'b0} - {1'b0, s2_mb};   // 2ma - mb, used when ma < mb
+    // 2ma - mb, used when ma < mb: then it lies in (0, mb), so 24 bits of
+    // modulo-2^24 arithmetic hold it
+    wire [23:0] d_lt = {s2_ma[22:0], 1'b0} - s2_mb;
     wire        ge   = ~d_ge[24];
 
     reg        s3_v;
@@ -154,36 +198,36 @@ module l2l_fp32_div (
         if (ce) begin
             s3_sign <= s2_sign;
             s3_sp   <= s2_sp;
-            s3_rem  <= ge ? d_ge[23:0] : d_lt[23:0];
+            s3_rem  <= ge ? d_ge[23:0] : d_lt;
             s3_d    <= s2_mb;
-            s3_e    <= ge ? s2_e : s2_e - 10'd1;
+            s3_e    <= ge ? s2_e : s2_em1;
         end
     end
 
     // ------------------------------------------------------------------
-    // stages 4 .. 3+NIT: one quotient bit each. Element k of each array is
+    // stages 4 .. 2+NIT: one quotient bit each. Element k of each array is
     // the state after iteration k (element 0: stage 3). The quotient after
-    // iteration k has k+1 bits.
-    // side info after iteration 1: {sign, sp, sub, sh, ovf, ef} =
-    // 1 + 2 + 1 + 5 + 1 + 8 bits
+    // iteration k has k+1 bits (the array holds it zero-extended).
+    // side info after iteration 1: {sign, sp, sh, ovf, ef} =
+    // 1 + 2 + 5 + 1 + 8 bits
     // ------------------------------------------------------------------
-    localparam SW = 18;
+    localparam SW = 17;
 
-    wire          v_w    [0:NIT];
-    wire [23:0]   rem_w  [0:NIT];
-    wire [23:0]   d_w    [0:NIT];
-    wire [24:0]   q_w    [0:NIT];
-    wire [SW-1:0] side_w [0:NIT];
+    wire          v_w    [0:NIT-1];
+    wire [23:0]   rem_w  [0:NIT-1];
+    wire [23:0]   d_w    [0:NIT-1];
+    wire [23:0]   q_w    [0:NIT-1];
+    wire [SW-1:0] side_w [0:NIT-1];
 
     assign v_w[0]    = s3_v;
     assign rem_w[0]  = s3_rem;
     assign d_w[0]    = s3_d;
-    assign q_w[0]    = 25'd1;
-    assign side_w[0] = {s3_sign, s3_sp, 15'd0};
+    assign q_w[0]    = 24'd1;
+    assign side_w[0] = {s3_sign, s3_sp, 14'd0};
 
     genvar k;
     generate
-        for (k = 1; k <= NIT; k = k + 1) begin : it
+        for (k = 1; k < NIT; k = k + 1) begin : it
             wire [23:0] rem_in = rem_w[k-1];
             wire [23:0] d_in   = d_w[k-1];
             wire [k-1:0] q_in  = q_w[k-1][k-1:0];
@@ -201,53 +245,135 @@ module l2l_fp32_div (
                 if (rst)     v_q <= 1'b0;
                 else if (ce) v_q <= v_w[k-1];
                 if (ce) begin
-                    rem_q <= bit_q ? t[23:0] : {rem_in[22:0], 1'b0};
+                    // bit 0 is t[0] or 0 (2rem is even), written as an AND
+                    // so that synthesis feeds it to the flip-flop's D rather
+                    // than to a synchronous reset (slower setup on ECP5)
+                    rem_q <= {bit_q ? t[23:1] : rem_in[22:0], bit_q & t[0]};
                     d_q   <= d_in;
                     q_q   <= {q_in, bit_q};
                 end
             end
 
             if (k == 1) begin : exp_side
-                // the exponent is final: decide subnormal shift and overflow
-                wire [9:0] e_in  = s3_e;
-                wire       sub   = e_in[9] | (e_in == 10'd0);        // e <= 0
-                wire [9:0] sh_w  = 10'd1 - e_in;                     // 1 - e
-                wire [4:0] sh    = (sh_w > 10'd31) ? 5'd31 : sh_w[4:0];
-                wire       ovf   = ~e_in[9] & (e_in >= 10'd255);
-                wire [SW-1:0] side_in = side_w[0];
+                // The exponent is final: decide subnormal shift and overflow,
+                // each in LUTs beside (not after) a short carry chain.
+                // e <= 0: subnormal, the shift is 1 - e, saturated at 31
+                // (any shift >= 26 drops every bit) when e <= -31, i.e.
+                // unless e[9:5] is all ones with e[4:0] >= 2; 1 - e <= 31 is
+                // exact in 5 bits. A normal quotient shifts by 0, so that
+                // the shift stages have no normal/subnormal select; its
+                // exponent field is e, a subnormal's is 0.
+                // e >= 255: overflow (e <= 403 < 512).
+                wire [9:0] e_in = s3_e;
+                wire       sub  = e_in[9] | (e_in == 10'd0);
+                wire       sat  = e_in[9] & ~(&e_in[8:5] & (|e_in[4:1]));
+                wire [4:0] sh5  = 5'd1 - e_in[4:0];
+                wire [4:0] sh   = ~sub ? 5'd0 : sat ? 5'd31 : sh5;
+                wire [7:0] ef   = sub ? 8'd0 : e_in[7:0];
+                wire       ovf  = ~e_in[9] & (e_in[8] | (&e_in[7:0]));
+                wire [2:0] side_in = side_w[0][SW-1:SW-3];
                 always @(posedge clk)
-                    if (ce) side_q <= {side_in[SW-1:SW-3], sub, sh, ovf, e_in[7:0]};
+                    if (ce) side_q <= {side_in, sh, ovf, ef};
             end else begin : pass_side
                 always @(posedge clk)
                     if (ce) side_q <= side_w[k-1];
             end
 
+            if (k < NIT - 1) begin : zext
+                assign q_w[k] = {{(NIT-1-k){1'b0}}, q_q};
+            end else begin : full
+                assign q_w[k] = q_q;
+            end
+
             assign v_w[k]    = v_q;
             assign rem_w[k]  = rem_q;
             assign d_w[k]    = d_q;
-            assign q_w[k]    = q_q;           // zero-extended
             assign side_w[k] = side_q;
         end
     endgenerate
 
     // ------------------------------------------------------------------
-    // stage 4+NIT: subnormal shift. x = {1.23 significand, round, sticky}
+    // stage 3+NIT: the round bit (last iteration), whole-byte part of the
+    // subnormal shift, sticky bit so far. With x = {q, round, 0} (26 bits:
+    // hidden bit, 23 fraction bits, round bit, 0) and the shift
+    // sh = 8c + f, this stage forms xc = x >> 8c and the OR of the bits
+    // that drops, joined with "remainder != 0"; stage 4+NIT shifts xc by f.
+    // The round bit, which arrives from the carry chain, only lands in xc
+    // (c = 0) or in the sticky bit (c > 0); every other term is ready
+    // beside the subtraction, and the sticky bit is kept as its two
+    // candidates (round bit 1 / 0) for stage 4+NIT to pick. The remainder is nonzero when
+    // 2rem != d (round bit 1: rem' = 2rem - d) or rem != 0 (round bit 0:
+    // rem' = 2rem), compares with no carry chain.
     // ------------------------------------------------------------------
-    wire          f_v    = v_w[NIT];
-    wire [23:0]   f_rem  = rem_w[NIT];
-    wire [24:0]   f_q    = q_w[NIT];
-    wire [SW-1:0] f_side = side_w[NIT];
-    wire          f_sign = f_side[17];
-    wire [1:0]    f_sp   = f_side[16:15];
-    wire          f_sub  = f_side[14];
-    wire [4:0]    f_sh   = f_side[13:9];
-    wire          f_ovf  = f_side[8];
-    wire [7:0]    f_ef   = f_side[7:0];
+    wire [23:0]   l_rem  = rem_w[NIT-1];
+    wire [23:0]   l_d    = d_w[NIT-1];
+    wire [23:0]   l_q    = q_w[NIT-1];      // hidden bit, 23 fraction bits
+    wire [SW-1:0] l_side = side_w[NIT-1];
+    wire [1:0]    l_c    = l_side[13:12];   // sh[4:3]
+    wire [2:0]    l_f    = l_side[11:9];    // sh[2:0]
 
-    wire [25:0] x      = {f_q, f_rem != 24'd0};
-    wire [25:0] xs     = x >> f_sh;
-    wire [31:0] lost_m = ~(32'hFFFF_FFFF << f_sh);
-    wire        lost   = (x & lost_m[25:0]) != 26'd0;
+    wire        l_round = ({l_rem, 1'b0} >= {1'b0, l_d});   // 2rem >= d
+    wire        l_ne    = ({l_rem, 1'b0} != {1'b0, l_d});
+    wire        l_rnz   = (l_rem != 24'd0);
+
+    // {q, 0, 0} >> 8c for c > 0 (the round bit is shifted out), and the
+    // OR of the q bits that drops: x[8c-1:2] = l_q[8c-3:0]
+    reg  [25:0] l_xq;
+    reg         l_qor;
+    always @* begin
+        case (l_c)
+            2'd1:    begin l_xq = {8'd0,  l_q[23:6]};  l_qor = |l_q[5:0];  end
+            2'd2:    begin l_xq = {16'd0, l_q[23:14]}; l_qor = |l_q[13:0]; end
+            2'd3:    begin l_xq = {24'd0, l_q[23:22]}; l_qor = |l_q[21:0]; end
+            default: begin l_xq = {l_q, 2'b00};        l_qor = 1'b0;       end
+        endcase
+    end
+
+    // the sticky bit so far (remainder, dropped q bits, dropped round
+    // bit) for a round bit of 1 and for one of 0
+    wire        st_if1  = l_ne | l_qor | (l_c != 2'd0);
+    wire        st_if0  = l_rnz | l_qor;
+
+    reg           xc_v;
+    reg  [25:0]   xc_x;
+    reg           xc_rnd;   // the round bit
+    reg           xc_s1;    // sticky bit so far if xc_rnd, and if not
+    reg           xc_s0;
+    reg  [7:0]    xc_m;     // xc_m[i] = (i <= f): the bits xc[f:0]
+    reg  [14:0]   xc_side;  // {sign, sp, f, ovf, ef}
+
+    always @(posedge clk) begin
+        if (rst)     xc_v <= 1'b0;
+        else if (ce) xc_v <= v_w[NIT-1];
+        if (ce) begin
+            xc_x    <= (l_c == 2'd0) ? {l_q, l_round, 1'b0} : l_xq;
+            // the select on the round bit is left to stage 4+NIT, so that
+            // the carry chain's output meets no logic here but xc_x[1]'s
+            xc_rnd  <= l_round;
+            xc_s1   <= st_if1;
+            xc_s0   <= st_if0;
+            xc_m    <= ~(8'hFE << l_f);
+            xc_side <= {l_side[16:14], l_f, l_side[8:0]};
+        end
+    end
+
+    // ------------------------------------------------------------------
+    // stage 4+NIT: rest of the subnormal shift (by f; 0 for a normal
+    // quotient); the bits xc[f-1:0] it drops and xs[0] = xc[f] join the
+    // sticky bit
+    // ------------------------------------------------------------------
+    wire          f_sign = xc_side[14];
+    wire [1:0]    f_sp   = xc_side[13:12];
+    wire [2:0]    f_f    = xc_side[11:9];
+    wire          f_ovf  = xc_side[8];
+    wire [7:0]    f_ef   = xc_side[7:0];
+
+    // xs[25] is the hidden bit of a normal quotient (shift 0), implied by
+    // its exponent field; a subnormal's is 0: not read
+    /* verilator lint_off UNUSEDSIGNAL */
+    wire [25:0] xs     = xc_x >> f_f;
+    /* verilator lint_on UNUSEDSIGNAL */
+    wire        lost   = (xc_x[7:0] & xc_m) != 8'd0;
 
     reg        sf_v;
     reg        sf_sign;
@@ -255,36 +381,26 @@ module l2l_fp32_div (
     reg        sf_ovf;
     reg [7:0]  sf_ef;
     reg [22:0] sf_frac;
-    reg        sf_lsb, sf_rb, sf_st;
+    reg        sf_rb, sf_st;
 
     always @(posedge clk) begin
         if (rst)     sf_v <= 1'b0;
-        else if (ce) sf_v <= f_v;
+        else if (ce) sf_v <= xc_v;
         if (ce) begin
             sf_sign <= f_sign;
             sf_sp   <= f_sp;
             sf_ovf  <= f_ovf;
-            if (f_sub) begin
-                // xs[25] is 0 (shift >= 1): no hidden bit, exponent field 0
-                sf_ef   <= 8'd0;
-                sf_frac <= xs[24:2];
-                sf_lsb  <= xs[2];
-                sf_rb   <= xs[1];
-                sf_st   <= xs[0] | lost;
-            end else begin
-                sf_ef   <= f_ef;
-                sf_frac <= x[24:2];
-                sf_lsb  <= x[2];
-                sf_rb   <= x[1];
-                sf_st   <= x[0];
-            end
+            sf_ef   <= f_ef;
+            sf_frac <= xs[24:2];
+            sf_rb   <= xs[1];
+            sf_st   <= lost | (xc_rnd ? xc_s1 : xc_s0);
         end
     end
 
     // ------------------------------------------------------------------
     // stage 5+NIT: round to nearest even, specials
     // ------------------------------------------------------------------
-    wire        inc = sf_rb & (sf_st | sf_lsb);
+    wire        inc = sf_rb & (sf_st | sf_frac[0]);
     wire [30:0] mag = {sf_ef, sf_frac} + {30'd0, inc};
 
     reg        rn_v;

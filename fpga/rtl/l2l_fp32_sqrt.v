@@ -15,17 +15,28 @@
 //     R' = 4R + next two radicand bits;  T = 4Q + 1;
 //     R' >= T ?  (R = R' - T, Q = 2Q + 1)  :  (R = R', Q = 2Q)
 // Iteration j works at its own width (j+3 bits, 27 at the last one).
-// The final remainder is the sticky bit. The root of a binary32 never falls
+// The final remainder is the sticky bit; the last iteration decides
+// "remainder != 0" beside its subtraction (R' != T or R' != 0, compares
+// with no carry chain) and passes on that bit alone. The root of a binary32 never falls
 // in the subnormal range nor overflows, and it never lies exactly halfway
 // between two binary32 values (a set round bit always comes with a nonzero
 // remainder); the rounding is still the full nearest-even rule,
 // round & (sticky | lsb), added to {exponent, fraction}.
 //
 // Stages (each registered, all advanced by ce):
-//   1       classify (zero/subnormal/inf/NaN/negative), leading zeros
-//   2       normalise, exponent halving, radicand alignment
+//   1       classify (zero/subnormal/inf/NaN/negative), leading zeros,
+//           whole-byte part of the normalising shift
+//   2       rest of the normalising shift (0..7 bits), exponent halving,
+//           radicand alignment
 //   3..27   25 root bits, one per stage
+//           (the last one also makes the sticky bit)
 //   28      round to nearest even, special cases -> y
+//
+// Timing (yosys synth_ecp5, nextpnr-ecp5 --85k, out of context): every
+// stage is one carry chain of at most 31 bits plus a LUT level or two, or a
+// few LUT levels with no carry chain. The slowest stage is a root-bit
+// iteration (27-bit subtract, then select); 176-182 MHz over nextpnr seeds
+// 1-3, where a registered 32-bit adder reaches ~277 MHz.
 //
 // Special cases: NaN in and sqrt(x < 0) (including -inf, negative
 // subnormals) give the canonical quiet NaN 0x7FC00000; sqrt(+-0) = +-0;
@@ -61,10 +72,27 @@ module l2l_fp32_sqrt (
         end
     end
 
+    // l2l_lzc.vh (not this unit's file) leaves one internal bit of lzc24
+    // unread (v4[0]: the low half is never all zero thanks to its padding)
+    /* verilator lint_off UNUSEDSIGNAL */
     `include "l2l_lzc.vh"
+    /* verilator lint_on UNUSEDSIGNAL */
+
+    // The significand shifted left past its all-zero leading bytes (0, 1 or
+    // 2 of them: 8 * lzc24(m)[4:3] bits), so that stage 2 has only the
+    // shift by lzc24(m)[2:0] left to do. A zero significand gives 0.
+    function [23:0] byte_norm;
+        input [23:0] m;
+        casez ({|m[23:16], |m[15:8]})
+            2'b1?:   byte_norm = m;
+            2'b01:   byte_norm = {m[15:0], 8'd0};
+            default: byte_norm = {m[7:0], 16'd0};
+        endcase
+    endfunction
 
     // ------------------------------------------------------------------
-    // stage 1: classify, leading zeros
+    // stage 1: classify, leading zeros, whole-byte part of the normalising
+    // shift
     // ------------------------------------------------------------------
     wire [7:0]  ea     = a[30:23];
     wire [22:0] fa     = a[22:0];
@@ -88,7 +116,7 @@ module l2l_fp32_sqrt (
         if (ce) begin
             s1_sign <= a[31];
             s1_sp   <= is_nan ? SP_NAN : is_inf ? SP_INF : a_zero ? SP_ZERO : SP_NONE;
-            s1_m    <= ma0;
+            s1_m    <= byte_norm(ma0);
             s1_lz   <= lzc24(ma0);
             // a subnormal has the exponent of the smallest normal
             s1_e    <= (ea == 8'd0) ? 8'd1 : ea;
@@ -101,7 +129,7 @@ module l2l_fp32_sqrt (
     // floor(t / 2). Radicand M = m * 2^48 = mn << (25 + odd); its top 26
     // bits M[49:24] = mn << (1 + odd), the rest is zero.
     // ------------------------------------------------------------------
-    wire [23:0] mn = s1_m << s1_lz;
+    wire [23:0] mn = s1_m << s1_lz[2:0];   // stage 1 shifted the whole bytes
     wire [8:0]  t  = {1'b0, s1_e} - {4'd0, s1_lz} + 9'd127;
 
     reg        s2_v;
@@ -125,15 +153,17 @@ module l2l_fp32_sqrt (
     // stages 3 .. 2+NR: one root bit each. Element j of each array is the
     // state before iteration j (element 0: stage 2, R = Q = 0). Before
     // iteration j, Q has j bits and R <= 2Q has j+1 bits (the arrays hold
-    // them zero-extended). Radicand pairs j >= 13 are 0.
+    // them zero-extended). Radicand pairs j >= 13 are 0. The last iteration
+    // keeps only "R != 0" (f_st) of its remainder.
     // ------------------------------------------------------------------
     localparam SW = 11;   // {sign, sp, er}
 
     wire          v_w    [0:NR];
-    wire [25:0]   r_w    [0:NR];
+    wire [25:0]   r_w    [0:NR-1];
     wire [24:0]   q_w    [0:NR];
     wire [25:0]   rad_w  [0:12];
     wire [SW-1:0] side_w [0:NR];
+    wire          f_st;
 
     assign v_w[0]    = s2_v;
     assign r_w[0]    = 26'd0;
@@ -155,13 +185,16 @@ module l2l_fp32_sqrt (
             end
             wire [j+2:0] rp   = {r_in, pair};            // 4R + pair
             wire [j+2:0] tt   = {q_in, 2'b01};           // 4Q + 1
-            // rp - tt lies in (-tt, 4Q + 2]: j+3 bits two's complement
-            wire [j+2:0] diff = rp - tt;
-            wire         bit_q = ~diff[j+2];
-            wire [j+1:0] qn   = {q_in, bit_q};           // q_in[j] is 0
+            wire         bit_q;                          // rp >= tt
+            // the new Q, j+1 bits (q_in[j] is the leading 0)
+            wire [j:0]   qn;
+            if (j == 0) begin : q_first
+                assign qn = bit_q;
+            end else begin : q_next
+                assign qn = {q_in[j-1:0], bit_q};
+            end
 
             reg          v_q;
-            reg  [j+1:0] r_q;
             reg  [j:0]   q_q;
             reg  [SW-1:0] side_q;
 
@@ -169,10 +202,32 @@ module l2l_fp32_sqrt (
                 if (rst)     v_q <= 1'b0;
                 else if (ce) v_q <= v_w[j];
                 if (ce) begin
-                    r_q    <= bit_q ? diff[j+1:0] : rp[j+1:0];
-                    q_q    <= qn[j:0];
+                    q_q    <= qn;
                     side_q <= side_w[j];
                 end
+            end
+
+            if (j < NR - 1) begin : rem
+                // rp - tt lies in (-tt, 4Q + 2]: j+3 bits two's complement;
+                // the new R, rp - tt or rp, is at most 2Q': j+2 bits
+                wire [j+2:0] diff = rp - tt;
+                reg  [j+1:0] r_q;
+                assign bit_q = ~diff[j+2];
+                // the select as AND/OR: where rp has constant-zero bits
+                // (radicand pairs j >= 12) synthesis then feeds diff & bit
+                // to the flip-flop's D, not to a synchronous reset (slower
+                // setup on ECP5)
+                always @(posedge clk)
+                    if (ce) r_q <= (diff[j+1:0] & {(j+2){bit_q}}) | (rp[j+1:0] & {(j+2){~bit_q}});
+                assign r_w[j+1] = {{(24-j){1'b0}}, r_q};
+            end else begin : sticky
+                // the new remainder is nonzero: rp != tt when the bit is
+                // set (R = rp - tt), rp != 0 when it is not
+                reg st_q;
+                assign bit_q = (rp >= tt);
+                always @(posedge clk)
+                    if (ce) st_q <= bit_q ? (rp != tt) : (rp != {(j+3){1'b0}});
+                assign f_st = st_q;
             end
 
             if (j < 12) begin : rad_shift
@@ -182,9 +237,13 @@ module l2l_fp32_sqrt (
                 assign rad_w[j+1] = rad_q;
             end
 
+            if (j < NR - 1) begin : zext
+                assign q_w[j+1] = {{(NR-1-j){1'b0}}, q_q};
+            end else begin : full
+                assign q_w[j+1] = q_q;
+            end
+
             assign v_w[j+1]    = v_q;
-            assign r_w[j+1]    = r_q;          // zero-extended
-            assign q_w[j+1]    = q_q;          // zero-extended
             assign side_w[j+1] = side_q;
         end
     endgenerate
@@ -193,15 +252,14 @@ module l2l_fp32_sqrt (
     // stage 3+NR: round to nearest even, specials
     // ------------------------------------------------------------------
     wire          f_v    = v_w[NR];
-    wire [25:0]   f_r    = r_w[NR];
-    wire [24:0]   f_q    = q_w[NR];
+    wire [23:0]   f_q    = q_w[NR][23:0];    // bit 24, the hidden bit, is 1
     wire [SW-1:0] f_side = side_w[NR];
     wire          f_sign = f_side[10];
     wire [1:0]    f_sp   = f_side[9:8];
     wire [7:0]    f_er   = f_side[7:0];
 
-    // f_q[24] is the hidden bit (m >= 1); f_q[0] is the round bit
-    wire        inc = f_q[0] & ((f_r != 26'd0) | f_q[1]);
+    // f_q[0] is the round bit
+    wire        inc = f_q[0] & (f_st | f_q[1]);
     wire [30:0] mag = {f_er, f_q[23:1]} + {30'd0, inc};
 
     reg        rn_v;
