@@ -11,7 +11,7 @@
 `define L2L_FP32_ADD_LAT 7
 `define L2L_FP32_MUL_LAT 8
 `define L2L_CVT_WIDEN_LAT 1
-`define L2L_CVT_NARROW_LAT 2
+`define L2L_CVT_NARROW_LAT 3
 
 // divide, square root (owner: l2l_fp32_div.v, l2l_fp32_sqrt.v)
 `define L2L_FP32_DIV_LAT 29
