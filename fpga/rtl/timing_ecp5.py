@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 REF = HERE / "ref"
 
 DEVICE = "--85k"            # LFE5U-85F
+SPEED = "6"                 # speed grade (the slowest; nextpnr's default)
 PACKAGE = "CABGA381"
 SEED = 1
 FREQ_MHZ = 300.0            # the target only steers the placer; Fmax is what was reached
@@ -278,7 +279,7 @@ def measure(unit: Unit, yosys: str, nextpnr: str, work: Path, seed: int, freq: f
               f"synth_ecp5 -top l2l_timing_wrap -json {net.name}")
     run([yosys, "-q", "-p", script], work, log)
     rep = work / "report.json"
-    run([nextpnr, DEVICE, "--package", PACKAGE, "--json", net.name, "--freq", str(freq),
+    run([nextpnr, DEVICE, "--speed", SPEED, "--package", PACKAGE, "--json", net.name, "--freq", str(freq),
          "--seed", str(seed), "--out-of-context", "--timing-allow-fail", "--report", rep.name, "-q"],
         work, log)
     report = json.loads(rep.read_text())
@@ -356,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return 1
 
-    config = {"device": "LFE5U-85F", "package": PACKAGE, "seed": args.seed, "freq_target_mhz": args.freq,
+    config = {"device": "LFE5U-85F", "package": PACKAGE, "speed_grade": int(SPEED), "seed": args.seed, "freq_target_mhz": args.freq,
               "flow": "yosys synth_ecp5; nextpnr-ecp5 --out-of-context; a flip-flop on every port",
               "tools": versions}
-    md = (f"ECP5 LFE5U-85F ({PACKAGE}), yosys {versions['yosys']} `synth_ecp5`, nextpnr-ecp5 "
+    md = (f"ECP5 LFE5U-85F ({PACKAGE}, speed grade {SPEED}), yosys {versions['yosys']} `synth_ecp5`, nextpnr-ecp5 "
           f"{versions['nextpnr-ecp5']}, out of context, every port registered, seed {args.seed}, "
           f"target {args.freq:g} MHz\n\n" + table(results) + "\n")
     print(md, end="")
