@@ -54,7 +54,7 @@ module l2l_cvt_fp16_to_fp32 (
     wire [4:0]  e   = a[14:10];
     wire [9:0]  f   = a[9:0];
     wire [3:0]  lz  = lzc10(f);
-    wire [10:0] fsh = {1'b0, f} << (lz + 4'd1);         // fsh[10] is the leading one, dropped
+    wire [9:0]  fsh = f << (lz + 4'd1);                 // the leading one shifts out at the top
 
     reg  [31:0] r;
     always @(*) begin

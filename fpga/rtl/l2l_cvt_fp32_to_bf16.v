@@ -1,7 +1,7 @@
 // l2l_cvt_fp32_to_bf16 -- narrowing conversion of an IEEE-754 binary32
 // a[31:0] to bfloat16 y[15:0], round to nearest, ties to even. Fully
 // pipelined: one conversion accepted on every clock-enabled cycle, result
-// `L2L_CVT_NARROW_LAT (2) ce-cycles later.
+// `L2L_CVT_NARROW_LAT (3) ce-cycles later.
 //
 // Why: the EPS writes the device copy of p' as bfloat16 when the device
 // computes in bfloat16; the contract rounds it to nearest even, keeps
@@ -17,7 +17,9 @@
 // quiet (fraction bit 6 set), so truncating a payload can never turn it into
 // an infinity.
 //   stage 1  increment and NaN decision
-//   stage 2  15-bit increment of {exponent, fraction} -> y
+//   stage 2  15-bit increment of {exponent, fraction}
+//   stage 3  NaN or the rounded value -> y (the stage only matches the
+//            latency of l2l_cvt_fp32_to_fp16, which shares the macro)
 //
 // Interface (fpga/rtl/README.md): (in_valid, a[31:0]) are sampled on a
 // rising clk edge with ce = 1 and (out_valid, y[15:0]) appear LAT ce-cycles
@@ -36,7 +38,7 @@ module l2l_cvt_fp32_to_bf16 (
     output wire [15:0] y
 );
 
-    localparam DEPTH = 2;   // the stages below
+    localparam DEPTH = 3;   // the stages below
 
     initial begin
         if (DEPTH != `L2L_CVT_NARROW_LAT) begin
@@ -64,21 +66,39 @@ module l2l_cvt_fp32_to_bf16 (
         end
     end
 
-    // stage 2: round, pack
+    // stage 2: round
     wire [14:0] mag = s1_hi[14:0] + {14'd0, s1_inc};     // <= 0x7F80: never carries into the sign
 
     reg        s2_v;
-    reg [15:0] s2_y;
+    reg        s2_nan;
+    reg [15:0] s2_qnan;                                 // a NaN's result: made quiet
+    reg        s2_sign;
+    reg [14:0] s2_mag;
 
     always @(posedge clk) begin
         if (rst)     s2_v <= 1'b0;
         else if (ce) s2_v <= s1_v;
-        if (ce)
-            s2_y <= s1_nan ? {s1_hi[15:7], 1'b1, s1_hi[5:0]} : {s1_hi[15], mag};
+        if (ce) begin
+            s2_nan  <= s1_nan;
+            s2_qnan <= {s1_hi[15:7], 1'b1, s1_hi[5:0]};
+            s2_sign <= s1_hi[15];
+            s2_mag  <= mag;
+        end
     end
 
-    assign out_valid = s2_v;
-    assign y         = s2_y;
+    // stage 3: pack, NaN
+    reg        s3_v;
+    reg [15:0] s3_y;
+
+    always @(posedge clk) begin
+        if (rst)     s3_v <= 1'b0;
+        else if (ce) s3_v <= s2_v;
+        if (ce)
+            s3_y <= s2_nan ? s2_qnan : {s2_sign, s2_mag};
+    end
+
+    assign out_valid = s3_v;
+    assign y         = s3_y;
 
 endmodule
 

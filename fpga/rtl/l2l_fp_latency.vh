@@ -8,10 +8,10 @@
 `define L2L_FP_LATENCY_VH
 
 // add/sub, multiply, conversions (owner: l2l_fp32_add.v, l2l_fp32_mul.v, l2l_cvt_*.v)
-`define L2L_FP32_ADD_LAT 4
-`define L2L_FP32_MUL_LAT 4
+`define L2L_FP32_ADD_LAT 7
+`define L2L_FP32_MUL_LAT 8
 `define L2L_CVT_WIDEN_LAT 1
-`define L2L_CVT_NARROW_LAT 2
+`define L2L_CVT_NARROW_LAT 3
 
 // divide, square root (owner: l2l_fp32_div.v, l2l_fp32_sqrt.v)
 `define L2L_FP32_DIV_LAT 29

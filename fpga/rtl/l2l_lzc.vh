@@ -51,7 +51,7 @@
         reg [15:0] p2;          // 8 groups of 4: 2-bit counts
         reg [3:0]  v3;
         reg [11:0] p3;          // 4 groups of 8: 3-bit counts
-        reg [1:0]  v4;
+        reg        v4;          // the upper group of 16 has a one (the lower one's flag is not needed)
         reg [7:0]  p4;          // 2 groups of 16: 4-bit counts
         integer g;
         begin
@@ -68,10 +68,9 @@
                 v3[g]        = v2[2*g+1] | v2[2*g];
                 p3[3*g +: 3] = v2[2*g+1] ? {1'b0, p2[2*(2*g+1) +: 2]} : {1'b1, p2[2*(2*g) +: 2]};
             end
-            for (g = 0; g < 2; g = g + 1) begin
-                v4[g]        = v3[2*g+1] | v3[2*g];
+            for (g = 0; g < 2; g = g + 1)
                 p4[4*g +: 4] = v3[2*g+1] ? {1'b0, p3[3*(2*g+1) +: 3]} : {1'b1, p3[3*(2*g) +: 3]};
-            end
-            lzc24 = v4[1] ? {1'b0, p4[7:4]} : {1'b1, p4[3:0]};
+            v4    = v3[3] | v3[2];
+            lzc24 = v4 ? {1'b0, p4[7:4]} : {1'b1, p4[3:0]};
         end
     endfunction
