@@ -15,7 +15,7 @@
 //     g*g -> omb2*(.) -> + b2*v -> sqrt -> * inv_bc2_sqrt -> + eps -> m'/d -> neg_step*(.) -> p1 + (.)
 // and every operand that joins it later (b2*v, m', p1) waits in an l2l_delay
 // sized from the L2L_*_LAT macros. Outputs p', m', v' and the copy leave
-// together, LAT ce-cycles after the inputs were sampled (LAT below; 80 + the
+// together, LAT ce-cycles after the inputs were sampled (LAT below; 110 + the
 // narrowing latency with the current latency header).
 //
 // The step scalars are constant during a run and go straight to the units.

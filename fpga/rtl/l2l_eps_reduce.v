@@ -41,7 +41,7 @@
 //    with an all-ones exponent (inf or NaN); flag_clear sets it back to 1.
 //
 // Latency from the s_axis transfer of a last-contribution beat to m_axis:
-// PRE + ADD_LAT + MUL_LAT, PRE = max(1, CVT_WIDEN_LAT) (8 with the current
+// PRE + ADD_LAT + MUL_LAT, PRE = max(1, CVT_WIDEN_LAT) (16 with the current
 // header), exposed as the constant output `latency`.
 `default_nettype none
 `include "l2l_fp_latency.vh"

@@ -44,7 +44,7 @@
     // its upper half or 2^(k-1) plus the count of its lower half. A 1 padded
     // in below the significand bounds the count at 24.
     function [4:0] lzc24;
-        input [23:0] m;
+        input [23:0] sig;
         reg [31:0] x;
         reg [15:0] v1, p1;      // 16 groups of 2 bits: any one, count (1 bit)
         reg [7:0]  v2;
@@ -55,7 +55,7 @@
         reg [7:0]  p4;          // 2 groups of 16: 4-bit counts
         integer g;
         begin
-            x = {m, 1'b1, 7'd0};
+            x = {sig, 1'b1, 7'd0};
             for (g = 0; g < 16; g = g + 1) begin
                 v1[g] = x[2*g+1] | x[2*g];
                 p1[g] = ~x[2*g+1];
