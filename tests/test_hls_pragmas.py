@@ -36,7 +36,8 @@ SOURCE = hcb.kernel_source()
 def cxx():
     path = shutil.which(hcb.DEFAULT_CXX)
     if path is None:
-        pytest.skip(f"no {hcb.DEFAULT_CXX}: the m_axi check expands the macros with the C preprocessor")
+        pytest.fail(f"no {hcb.DEFAULT_CXX} on PATH: the m_axi check expands the macros with the C preprocessor "
+                    "(the HLS C-simulation needs it too; Debian: apt-get install g++)", pytrace=False)
     return path
 
 
