@@ -74,18 +74,6 @@ module l2l_fp32_sqrt (
 
     `include "l2l_lzc.vh"
 
-    // The significand shifted left past its all-zero leading bytes (0, 1 or
-    // 2 of them: 8 * lzc24(sig)[4:3] bits), so that stage 2 has only the
-    // shift by lzc24(sig)[2:0] left to do. A zero significand gives 0.
-    function [23:0] byte_norm;
-        input [23:0] sig;
-        casez ({|sig[23:16], |sig[15:8]})
-            2'b1?:   byte_norm = sig;
-            2'b01:   byte_norm = {sig[15:0], 8'd0};
-            default: byte_norm = {sig[7:0], 16'd0};
-        endcase
-    endfunction
-
     // ------------------------------------------------------------------
     // stage 1: classify, leading zeros, whole-byte part of the normalising
     // shift

@@ -1,4 +1,5 @@
-// l2l_lzc.vh -- leading-zero counters for the FP units, as Verilog functions.
+// l2l_lzc.vh -- leading-zero counters for the FP units, and the whole-byte
+// normalising shift that goes with lzc24, as Verilog functions.
 // `include this file inside a module body (functions live in module scope).
 // Two shapes, kept for their logic depth: lzc32 counts in two levels (the
 // count within each byte beside which byte holds the leading one), lzc24 is
@@ -73,4 +74,17 @@
             v4    = v3[3] | v3[2];
             lzc24 = v4 ? {1'b0, p4[7:4]} : {1'b1, p4[3:0]};
         end
+    endfunction
+
+    // A 24-bit significand shifted left past its all-zero leading bytes (0, 1
+    // or 2 of them: 8 * lzc24(sig)[4:3] bits), so that the next stage has only
+    // the shift by lzc24(sig)[2:0] left to do (the divider's and the square
+    // root's normalisation, split over two stages). A zero significand gives 0.
+    function [23:0] byte_norm;
+        input [23:0] sig;
+        casez ({|sig[23:16], |sig[15:8]})
+            2'b1?:   byte_norm = sig;
+            2'b01:   byte_norm = {sig[15:0], 8'd0};
+            default: byte_norm = {sig[7:0], 16'd0};
+        endcase
     endfunction
