@@ -225,6 +225,7 @@ class EagerParamServer:
             for layer in checks:
                 self._record(UpdateRecord(layer, self._steps[layer], False))
             return CommitResult(False, norm, coef)
+        self.backend.expect([layer for layer in checks if self._on_backend(layer)])  # a disk tier reads ahead
         with self._lock:
             for layer, (_, _, divisor, loss_scale, hyper) in checks.items():
                 self._pending[layer] = self._worker.submit(
