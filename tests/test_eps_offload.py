@@ -271,3 +271,22 @@ def test_a_failed_write_surfaces_at_close(tmp_path, monkeypatch):
     eps.synchronize()
     with pytest.raises(OSError, match="No space"):
         eps.close()
+
+
+def test_a_file_damaged_mid_run_is_one_line(tmp_path):
+    """A state file changed under a running tier: the update that reads it fails, and the
+    relay's next fetch raises the tier's one-line UserError (not a worker traceback)."""
+    tier = DiskTier(tmp_path, run_id(), {0: 100, 1: 100})
+    eps = EagerParamServer(OffloadedBackend(NumpyBackend(), tier), AdamWHyper())
+    for e in (0, 1):
+        eps.add_layer(e, np.ones(100, np.float32))
+    with open(tier.path(0), "r+b") as f:
+        f.seek(12)
+        f.write(b"f" * 32)
+    for e in (1, 0):
+        eps.gradient_inbox(e)[...] = 1.0
+        eps.push_gradient(e, divisor=1.0)
+    with pytest.raises(UserError) as info:
+        eps.fetch(0)
+    _one_line(info, str(tier.path(0)), "damaged header")
+    eps.close()

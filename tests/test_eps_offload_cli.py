@@ -80,6 +80,16 @@ def test_offload_trains_bit_identically(runs, eps, precision):
     assert raw[BLOCK:BLOCK + p.nbytes] == p.astype("<f4").tobytes()
 
 
+def test_offload_with_two_workers_and_held_steps(runs, tmp_path):
+    """--devices 2 (two relay workers, one EPS) and --overflow strict (updates committed in
+    ascending order, announced to the tier): this fp32 run never overflows, so it is the
+    same run as the one-worker eager reference, bit for bit."""
+    out = tmp_path / "run"
+    r = _train(out, "--devices", "2", "--overflow", "strict", "--eps-offload", str(tmp_path / "eps"))
+    assert r.returncode == 0, r.stderr
+    _assert_same_run(out, runs("numpy", "fp32", False))
+
+
 def _faulty(fault, n, out, *extra):
     return subprocess.run([sys.executable, str(ROOT / "tests" / "faulty_l2l.py"), fault, str(n), "train", *TINY,
                            "--out", str(out), "--no-progress", *RUN, *extra],

@@ -129,6 +129,9 @@ class DiskTier:
     def path(self, entry: int) -> Path:
         return self.directory / entry_file(entry)
 
+    def _tmp_path(self, entry: int) -> Path:
+        return self.directory / (entry_file(entry) + ".tmp")
+
     # ------------------------------------------------------------ start-up
     def _check(self) -> None:
         d = self.directory
@@ -221,6 +224,10 @@ class DiskTier:
         doc = {"format": MANIFEST_FORMAT, "version": VERSION, "run": self.run_id,
                "entries": {str(e): n for e, n in sorted(self.numels.items())}}
         atomic_write_bytes(self.directory / MANIFEST, (json.dumps(doc, indent=1) + "\n").encode())
+        for entry in self.numels:  # a file a kill left half-created: a new one is written whole
+            tmp = self._tmp_path(entry)
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
 
     # ------------------------------------------------------------ memory
     def slab(self, entry: int) -> Slab:
@@ -280,7 +287,7 @@ class DiskTier:
             fd = self._fd(entry)
             self._write(fd, self.open_flags[entry], slab)
             return
-        tmp = self.path(entry).with_name(entry_file(entry) + ".tmp")
+        tmp = self._tmp_path(entry)
         fd, flags = self._open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             try:
