@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend, OpenCLBackend
+from l2l.eps import AdamWHyper, EagerParamServer, HlsCsimBackend, NumpyBackend, OpenCLBackend
 from l2l.eps import disk_tier
 from l2l.eps.disk_tier import BLOCK, DiskTier, entry_file, file_bytes
 from l2l.eps.offload_backend import OffloadedBackend
@@ -83,6 +83,11 @@ def assert_same_run(got: dict, want: dict) -> None:
 
 
 def make_inner(name: str):
+    if name == "hls-csim":
+        ok, why = HlsCsimBackend.availability()
+        if not ok:
+            pytest.skip(why)
+        return HlsCsimBackend()
     return NumpyBackend() if name == "numpy" else OpenCLBackend()
 
 
@@ -92,7 +97,7 @@ def in_memory():
     return {}
 
 
-@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+@pytest.mark.parametrize("backend", ["numpy", "opencl", "hls-csim"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_disk_tier_gives_the_same_bits(tmp_path, backend, precision, in_memory):
     key = (backend, precision)

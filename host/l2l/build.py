@@ -3,7 +3,6 @@ which engine class plays the :class:`~l2l.engine.Engine` role for a configuratio
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import torch
 
@@ -21,6 +20,10 @@ from .relay.parallel import DataParallelRelay
 from .relay.transport import make_transports
 
 
+# each machine would need its own directory and the run's id from rank 0: not done yet
+OFFLOAD_MACHINES = "--eps-offload with several machines (torchrun) is not supported yet (docs/disk-tier.md)"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -34,13 +37,11 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
                       weight_decay=cfg.weight_decay)
 
 
-def offload_tier(cfg: TrainConfig, stack: LayerStack, run_id: str, *, rank: int = 0, world: int = 1) -> DiskTier:
-    """The disk tier of ``--eps-offload`` for ``stack``'s EPS entries, its directory checked
-    (nothing in it changed yet). Each machine of a torchrun job has a directory of its own
-    under it (``rank<N>``): a shared filesystem must not see two writers of one file."""
-    directory = Path(cfg.eps_offload) / f"rank{rank}" if world > 1 else Path(cfg.eps_offload)
+def offload_tier(cfg: TrainConfig, stack: LayerStack, run_id: str) -> DiskTier:
+    """The disk tier of ``--eps-offload`` for ``stack``'s EPS entries (those with parameters),
+    its directory checked: nothing in it is changed yet."""
     numels = {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
-    return DiskTier(directory, run_id, numels)
+    return DiskTier(cfg.eps_offload, run_id, numels)
 
 
 def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, rank: int = 0,
@@ -61,8 +62,11 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     transports = make_transports(devices)
     backend = make_backend(cfg.eps, **cfg.eps_options())
     if cfg.eps_offload is not None:
+        if world > 1:
+            backend.close()
+            raise UserError(OFFLOAD_MACHINES)
         try:
-            tier = offload_tier(cfg, stack, offload_run or uuid.uuid4().hex, rank=rank, world=world)
+            tier = offload_tier(cfg, stack, offload_run or uuid.uuid4().hex)
         except BaseException:
             backend.close()
             raise

@@ -118,8 +118,6 @@ class DiskTier:
         self._lock = threading.Lock()
         self.live_bytes = 0       # slab memory alive now, and its peak: the tier's host footprint
         self.peak_live_bytes = 0
-        self.bytes_read = 0
-        self.bytes_written = 0
         self._check()
 
     @property
@@ -182,7 +180,6 @@ class DiskTier:
 
     def _check_file(self, entry: int, path: Path) -> None:
         """A state file's size and header against this run (the file is not changed)."""
-        want = file_bytes(self.numels[entry])
         try:
             size = os.stat(path).st_size
             with open(path, "rb") as f:
@@ -274,7 +271,7 @@ class DiskTier:
         """The entry's file image, its header and size checked (UserError when wrong)."""
         fd = self._fd(entry)
         slab = self.slab(entry)
-        self.bytes_read += _transfer(os.preadv, fd, slab.raw)
+        _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
         self._drop_pages(fd, self.open_flags[entry], wrote=False)
         self._check_image(entry, slab.raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))
         return slab
@@ -307,7 +304,6 @@ class DiskTier:
         put = _transfer(os.pwritev, fd, slab.raw)
         if put != slab.raw.nbytes:
             raise OSError(errno.EIO, f"short write: {put} of {slab.raw.nbytes} bytes", str(self.path(slab.entry)))
-        self.bytes_written += put
         self._drop_pages(fd, flags, wrote=True)
 
     @staticmethod
