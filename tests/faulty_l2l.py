@@ -2,9 +2,13 @@
 
 FAULT is ``kill-in-save`` (SIGKILL inside the checkpoint save of step N, after its files
 are written and before they are committed: the worst moment for a checkpoint writer) or
-``kill-at-step`` (SIGKILL as 0-based step N starts: a machine dying mid-run). The faults
+``kill-at-step`` (SIGKILL as 0-based step N starts: a machine dying mid-run) or
+``kill-in-update`` (SIGKILL as the N-th EPS update on an ``--eps-offload`` disk tier starts,
+counting from 1: mid-step, with the updates before it written or being written to the state
+files, which are then half-updated). The faults
 are patched in here, from outside the package, through the same seams a user could use:
-``l2l.checkpoint.save_checkpoint``'s ``before_commit`` and the engine's ``train_step``.
+``l2l.checkpoint.save_checkpoint``'s ``before_commit``, the engine's ``train_step`` and the
+disk tier's ``OffloadedBackend.step``.
 """
 from __future__ import annotations
 
@@ -43,8 +47,21 @@ def _kill_at_step(step: int) -> None:
     train.build_engine = build_then_arm
 
 
+def _kill_in_update(n: int) -> None:
+    from l2l.eps.offload_backend import OffloadedBackend
+    step = OffloadedBackend.step
+    count = [0]
+
+    def step_or_die(self, *args, **kwargs):
+        count[0] += 1
+        if count[0] == n:
+            _kill()
+        return step(self, *args, **kwargs)
+    OffloadedBackend.step = step_or_die
+
+
 if __name__ == "__main__":
     fault, n, *argv = sys.argv[1:]
-    {"kill-in-save": _kill_in_save, "kill-at-step": _kill_at_step}[fault](int(n))
+    {"kill-in-save": _kill_in_save, "kill-at-step": _kill_at_step, "kill-in-update": _kill_in_update}[fault](int(n))
     from l2l.cli import main
     sys.exit(main(argv))

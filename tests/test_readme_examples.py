@@ -25,7 +25,7 @@ What happens to each example:
   RUN); ``l2l plan`` and each
   ``l2l bench X`` their own flags (``PLAN_SHRINK``, ``BENCH_SHRINK``). Any
   ``--out`` is redirected into ``tmp_path``: README lines naming the same
-  ``--out`` share one directory.
+  ``--out`` share one directory; so is an ``--eps-offload`` directory.
 - a path ``./my-...`` stands for the user's own file (a checkpoint, data): the
   test makes a small one in ``tmp_path`` (``USER_FILES``) and passes its path.
 - every other line must be in ``NOT_RUN``, keyed by the exact line, with the
@@ -220,6 +220,9 @@ def _command(line: str, tmp: Path) -> list[str]:
         extra = ["--out", str(tmp / "exported")]
     else:  # info
         extra = []
+    offload = _value(words, "--eps-offload")
+    if offload:  # the EPS state files go under tmp_path too
+        extra += ["--eps-offload", _out_dir(tmp, offload)]
     return words + extra
 
 

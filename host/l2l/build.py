@@ -2,6 +2,8 @@
 which engine class plays the :class:`~l2l.engine.Engine` role for a configuration."""
 from __future__ import annotations
 
+import uuid
+
 import torch
 
 from . import distributed
@@ -9,11 +11,17 @@ from .baseline import PlainEngine
 from .config import TrainConfig
 from .engine import Engine
 from .eps import AdamWHyper, EagerParamServer, make_backend
+from .eps.disk_tier import DiskTier
+from .eps.offload_backend import OffloadedBackend
 from .errors import UserError
 from .models import LayerStack, build_stack
 from .relay.engine import RelayEngine
 from .relay.parallel import DataParallelRelay
 from .relay.transport import make_transports
+
+
+# each machine would need its own directory and the run's id from rank 0: not done yet
+OFFLOAD_MACHINES = "--eps-offload with several machines (torchrun) is not supported yet (docs/disk-tier.md)"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -29,11 +37,20 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
                       weight_decay=cfg.weight_decay)
 
 
+def offload_tier(cfg: TrainConfig, stack: LayerStack, run_id: str) -> DiskTier:
+    """The disk tier of ``--eps-offload`` for ``stack``'s EPS entries (those with parameters),
+    its directory checked: nothing in it is changed yet."""
+    numels = {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
+    return DiskTier(cfg.eps_offload, run_id, numels)
+
+
 def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, rank: int = 0,
-                 world: int = 1) -> Engine:
+                 world: int = 1, offload_run: str | None = None) -> Engine:
     """The engine of ``cfg`` around ``stack``; under torchrun, this machine's (``rank`` of
     ``world``): it runs micro-batches ``rank*M/world ..`` of the global M, and its EPS
-    all-reduces. ``cfg`` is expected checked (:meth:`TrainConfig.check`)."""
+    all-reduces. ``cfg`` is expected checked (:meth:`TrainConfig.check`). With
+    ``--eps-offload`` the EPS backend is wrapped to keep its state in files, named for
+    ``offload_run`` (the run's id; a new one when not given)."""
     if cfg.micro_batches % (world * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({world} x {cfg.devices})")
@@ -43,7 +60,18 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
                            micro_batches=cfg.micro_batches if cfg.accumulate else 1)
     devices = worker_devices(device, cfg.devices)
     transports = make_transports(devices)
-    eps = EagerParamServer(make_backend(cfg.eps, **cfg.eps_options()), hyper_of(cfg),
+    backend = make_backend(cfg.eps, **cfg.eps_options())
+    if cfg.eps_offload is not None:
+        if world > 1:
+            backend.close()
+            raise UserError(OFFLOAD_MACHINES)
+        try:
+            tier = offload_tier(cfg, stack, offload_run or uuid.uuid4().hex)
+        except BaseException:
+            backend.close()
+            raise
+        backend = OffloadedBackend(backend, tier, window=cfg.eps_offload_window)
+    eps = EagerParamServer(backend, hyper_of(cfg),
                            copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
                            host_alloc=transports[0].host_alloc,
                            all_reduce=distributed.cross_machine_reduce() if world > 1 else None)

@@ -50,6 +50,8 @@ class TrainConfig:
     cl_platform: str | None = None  # OpenCL EPS: platform index or name substring
     cl_device: str | None = None    # OpenCL EPS: device index or name substring
     cl_binary: str | None = None    # OpenCL EPS: precompiled program (.xclbin/.aocx/PoCL binary)
+    eps_offload: str | None = None  # directory for the EPS state files (docs/disk-tier.md); None: in memory
+    eps_offload_window: int = 2     # --eps-offload: entries read ahead of the updates (and written behind)
     engine: str = "l2l"
     devices: int = 1  # relay workers in this box (GPUs, or CPU workers), one EPS contribution each
     check_every: int = 50  # steps between master-weight checksums across machines (torchrun)
@@ -115,6 +117,10 @@ class TrainConfig:
         need(self.eps in BACKENDS, f"unknown EPS backend {self.eps!r}; choose one of {', '.join(BACKENDS)}")
         need(self.eps == "opencl" or not (self.cl_platform or self.cl_device or self.cl_binary),
              "--cl-platform/--cl-device/--cl-binary apply to --eps opencl")
+        need(self.eps_offload is None or self.engine == "l2l",
+             "--eps-offload applies to --engine l2l (the plain baseline has no EPS)")
+        need(self.eps_offload is None or self.eps_offload.strip() != "", "--eps-offload needs a directory")
+        need(self.eps_offload_window >= 1, f"--eps-offload-window must be at least 1 (got {self.eps_offload_window})")
         need(self.engine in ENGINES, f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         need(self.precision in PRECISIONS,

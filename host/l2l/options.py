@@ -78,6 +78,10 @@ EPS = (
     Option("--cl-platform", "OpenCL platform: index or name substring (env L2L_CL_PLATFORM)"),
     Option("--cl-device", "OpenCL device: index or name substring (env L2L_CL_DEVICE)"),
     Option("--cl-binary", "precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS"),
+    Option("--eps-offload", "keep the EPS's fp32 weights and AdamW moments in files in this directory instead of "
+           "host memory, read ahead of the updates and written behind them (docs/disk-tier.md; default: in memory)"),
+    Option("--eps-offload-window", "with --eps-offload: layers read ahead of the updates, and at most as many "
+           "waiting to be written (default %(default)s)", int),
 )
 OPTIMIZER = (
     Option("--steps", "optimizer steps (default %(default)s)", int),

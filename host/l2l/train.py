@@ -10,6 +10,7 @@ import base64
 import json
 import math
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,10 +19,11 @@ import torch
 
 from . import checkpoint as ckpt
 from . import distributed
-from .build import build_engine, resolve_device
+from .build import OFFLOAD_MACHINES, build_engine, offload_tier, resolve_device
 from .config import TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
+from .eps.disk_tier import check_run_id
 from .errors import UserError
 from .hostmem import memory_status, runtime_resident
 from .lr_schedule import lr_at
@@ -33,6 +35,7 @@ from .sft import ExampleSampler, is_sft_data, load_examples
 from .tokenizer import load_tokenizer
 
 FORMAT = "l2l-train/1"
+RUN_ID_FILE = "run-id.json"  # the run's id, which its --eps-offload state files carry
 
 
 @dataclass
@@ -81,6 +84,23 @@ def _check_resumable(cfg: TrainConfig, saved: dict, stack, where: Path) -> None:
         raise UserError(f"checkpoint in {where} does not match the model's layer layout")
 
 
+def _offload_run(out: Path) -> str:
+    """The run's id for its --eps-offload state files: the one in ``out`` (a resume, or a start
+    that was killed before its first checkpoint), else a new one."""
+    path = out / RUN_ID_FILE
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return uuid.uuid4().hex
+    except (OSError, UnicodeDecodeError, ValueError):
+        doc = None
+    try:
+        return check_run_id(doc["run_id"])
+    except (TypeError, KeyError, ValueError):
+        raise UserError(f"{path} is corrupt: it should hold the run's id (remove it to start the run's "
+                        "--eps-offload state afresh)") from None
+
+
 def train(cfg: TrainConfig) -> RunSummary:
     cfg.check()
     machines = distributed.setup()  # None unless launched as one of several ranks
@@ -95,6 +115,8 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if world > 1:
         if cfg.engine != "l2l":
             raise UserError("torchrun with several machines needs --engine l2l")
+        if cfg.eps_offload is not None:
+            raise UserError(OFFLOAD_MACHINES)
         if rank != 0:  # rank 0 speaks and writes for the run
             cfg = replace(cfg, progress=False, plot=False, plan="off")
     out = Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
@@ -134,14 +156,25 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
                         f"the model's {stack.vocab_size:,} embeddings")
     if saved is not None:
         _check_resumable(cfg, saved.meta, stack, saved.path)
+    offload_run = None
+    if cfg.eps_offload is not None:
+        if saved is not None and saved.step >= cfg.steps:
+            raise UserError(f"{out} is already at step {saved.step}; pass a larger --steps to continue it")
+        offload_run = _offload_run(out)
+        offload_tier(cfg, stack, offload_run)  # DIR checked before anything is written
     distributed.barrier()  # every machine has checked the run directory before rank 0 writes to it
+    if offload_run is not None:  # before the state files: a killed start keeps its id
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.atomic_write_bytes(out / RUN_ID_FILE, (json.dumps({"run_id": offload_run}) + "\n").encode())
     # the forecast before the model: its fixed host cost is what the process holds now, and
     # what its measurements allocate is reused by the EPS instead of adding to the peak;
-    # under torchrun the others would wait on rank 0's calibration: plan only when asked
+    # under torchrun the others would wait on rank 0's calibration: plan only when asked.
+    # The planner knows no disk tier: it forecasts the EPS in memory (docs/disk-tier.md)
     plan_mode = cfg.plan_mode if world == 1 or cfg.plan else "off"
-    plan = forecast(cfg, device, plan_mode) if saved is None or saved.step < cfg.steps else None
+    plan = forecast(replace(cfg, eps_offload=None), device, plan_mode) \
+        if saved is None or saved.step < cfg.steps else None
     distributed.barrier()
-    engine = build_engine(cfg, stack, device, rank=rank, world=world)
+    engine = build_engine(cfg, stack, device, rank=rank, world=world, offload_run=offload_run)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     try:

@@ -56,6 +56,22 @@ class EpsBackend(ABC):
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         """Replace the layer's state (from a checkpoint)."""
 
+    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        """Take ``(p, m, v)`` as the layer's state, as if allocated and loaded (a disk tier hands
+        a layer in just before its update). The caller does not use the arrays again, so a
+        backend keeping its state in host memory may take them without a copy; the default
+        allocates and writes them."""
+        self.allocate(layer, p)
+        self.write_state(layer, p, m, v)
+
+    def release(self, layer: int) -> None:  # noqa: B027 -- optional: a backend may keep everything
+        """Drop the layer's state from this backend's memory (a disk tier holds it); the layer is
+        unknown here until the next :meth:`allocate` or :meth:`adopt`. Default: keep it."""
+
+    def expect(self, order: list[int]) -> None:  # noqa: B027 -- a hint: only a disk tier reads ahead
+        """The next updates come in this entry order (held steps commit in ascending order); a
+        backend that reads state ahead of its updates reads in this order. Default: ignored."""
+
     def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""
 
@@ -65,3 +81,11 @@ def read_only(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+def adoptable(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when a host-memory backend may keep and update it in place (a writable
+    contiguous fp32 vector), else such a copy of it: what :meth:`EpsBackend.adopt` takes."""
+    if a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous and a.flags.writeable:
+        return a
+    return np.array(a, dtype=np.float32, copy=True).reshape(-1)

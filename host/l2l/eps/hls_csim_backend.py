@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import UserError
-from .backend import EpsBackend, read_only
+from .backend import EpsBackend, adoptable, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
@@ -241,6 +241,16 @@ class HlsCsimBackend(EpsBackend):
         self._p[layer] = p
         self._m[layer] = np.zeros_like(p)
         self._v[layer] = np.zeros_like(p)
+
+    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        """Takes the arrays themselves when they are writable contiguous fp32 vectors: no copy."""
+        if p.shape[0] > MAX_N:
+            raise ValueError(f"layer {layer}: {p.shape[0]} elements; the kernels take at most {MAX_N}")
+        self._p[layer], self._m[layer], self._v[layer] = (adoptable(a) for a in (p, m, v))
+
+    def release(self, layer: int) -> None:
+        for store in (self._p, self._m, self._v):
+            store.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:

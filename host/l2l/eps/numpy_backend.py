@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from . import numerics
-from .backend import EpsBackend, read_only
+from .backend import EpsBackend, adoptable, read_only
 from .contract import StepScalars
 
 
@@ -36,6 +36,14 @@ class NumpyBackend(EpsBackend):
         self._p[layer] = np.array(p, dtype=np.float32, copy=True)
         self._m[layer] = np.zeros_like(self._p[layer])
         self._v[layer] = np.zeros_like(self._p[layer])
+
+    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        """Takes the arrays themselves when they are writable contiguous fp32 vectors: no copy."""
+        self._p[layer], self._m[layer], self._v[layer] = (adoptable(a) for a in (p, m, v))
+
+    def release(self, layer: int) -> None:
+        for store in (self._p, self._m, self._v):
+            store.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
@@ -68,3 +76,4 @@ class NumpyBackend(EpsBackend):
                 raise ValueError(f"layer {layer}: state of shape {src.shape}, expected {store[layer].shape}")
         for store, src in pairs:
             store[layer][...] = src
+

@@ -395,6 +395,25 @@ class OpenCLBackend(EpsBackend):
         self._state[layer] = bufs
         self._numel[layer] = n
 
+    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+        """New buffers filled from ``p, m, v`` at once (allocate and write_state would write the
+        moments twice)."""
+        arrays = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (p, m, v)]
+        n = arrays[0].shape[0]
+        if any(a.shape != (n,) for a in arrays):
+            raise ValueError(f"layer {layer}: p, m, v of shapes {[a.shape for a in arrays]}")
+        bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in ("p", "m", "v"))
+        for host, dev in zip(arrays, bufs if n else ()):
+            self._cl.enqueue_copy(self.queue, dev, host, is_blocking=False)
+        self.queue.finish()  # the host arrays may go once this returns
+        self._state[layer] = bufs
+        self._numel[layer] = n
+
+    def release(self, layer: int) -> None:
+        self.queue.finish()
+        self._state.pop(layer, None)
+        self._numel.pop(layer, None)
+
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
         cl = self._cl

@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..checkpoint import LazyArrays, spec_of
-from ..errors import EpsWorkerError, PeerLostError
+from ..errors import EpsWorkerError, PeerLostError, UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .contract import AdamWHyper, StepScalars
@@ -225,6 +225,7 @@ class EagerParamServer:
             for layer in checks:
                 self._record(UpdateRecord(layer, self._steps[layer], False))
             return CommitResult(False, norm, coef)
+        self.backend.expect([layer for layer in checks if self._on_backend(layer)])  # a disk tier reads ahead
         with self._lock:
             for layer, (_, _, divisor, loss_scale, hyper) in checks.items():
                 self._pending[layer] = self._worker.submit(
@@ -273,8 +274,8 @@ class EagerParamServer:
 
     def poll(self) -> None:
         """Raise the first worker error, if any."""
-        if isinstance(self._error, PeerLostError):
-            raise self._error  # already one clear line
+        if isinstance(self._error, (PeerLostError, UserError)):
+            raise self._error  # already one clear line (a lost machine; a damaged --eps-offload file)
         if self._error is not None:
             raise EpsWorkerError(f"EPS update failed: {self._error!r}") from self._error
 

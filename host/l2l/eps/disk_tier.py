@@ -1,0 +1,341 @@
+"""The EPS state on disk (``--eps-offload DIR``): one checked file per entry, read and written whole.
+
+Layout (docs/disk-tier.md)::
+
+    DIR/manifest.json        format, version, run id, each entry's numel
+    DIR/entry00007.state     a 4096-byte header, then p, m, v: raw little-endian fp32,
+                             each padded to a multiple of 4096 bytes
+
+The header holds the magic ``L2LTIER1``, the format version, the run id, the entry, its numel
+and a CRC32 of those fields; every read checks it and the file's size, so a file that is
+truncated, damaged or another run's is one line of :class:`~l2l.errors.UserError`, never
+garbage weights.
+
+An entry is moved as one image of its file (:class:`Slab`): a 4096-aligned host buffer
+read or written with ``preadv``/``pwritev`` in chunks of several MiB, straight from the
+numpy memory. The state files are ``O_DIRECT`` where the filesystem takes it: they would
+otherwise sit in the page cache beside the state in use, which is the memory the tier is
+there to save. Where ``O_DIRECT`` is refused (``EINVAL``: tmpfs and some network
+filesystems) the I/O is buffered and the pages are dropped after each read and (after
+``fdatasync``) each write with ``POSIX_FADV_DONTNEED``.
+
+The files are scratch: a run's committed state is its checkpoints. So writes are not
+fsynced, and after a kill the files may be half-updated; a resume rewrites them from the
+checkpoint. A file is created under a temporary name and renamed when complete, so a kill
+never leaves a short one.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import struct
+import threading
+import weakref
+import zlib
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..checkpoint import atomic_write_bytes
+from ..errors import UserError
+from ..hostmem import aligned_empty
+
+MAGIC = b"L2LTIER1"
+VERSION = 1
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "l2l-eps-offload"
+BLOCK = 4096          # header size, region alignment and buffer alignment (O_DIRECT's unit)
+CHUNK = 8 << 20       # bytes per preadv/pwritev call
+_FIELDS = struct.Struct("<8sI32sIQ")  # magic, version, run id (32 hex digits), entry, numel
+_CRC = struct.Struct("<I")
+F32 = np.dtype("<f4")
+# A hidden test hook, not an option: the free bytes the start-up check believes DIR's
+# filesystem has, so the "not enough space" refusal is tested without filling a disk.
+FREE_BYTES_ENV = "L2L_TEST_EPS_OFFLOAD_FREE_BYTES"
+
+
+def region_bytes(numel: int) -> int:
+    """Bytes of one of p, m, v in a state file: 4 a parameter, padded to :data:`BLOCK`."""
+    return -(-4 * numel // BLOCK) * BLOCK
+
+
+def file_bytes(numel: int) -> int:
+    """The size of an entry's state file."""
+    return BLOCK + 3 * region_bytes(numel)
+
+
+def entry_file(entry: int) -> str:
+    return f"entry{entry:05d}.state"
+
+
+def header(run_id: str, entry: int, numel: int) -> bytes:
+    fields = _FIELDS.pack(MAGIC, VERSION, run_id.encode("ascii"), entry, numel)
+    return (fields + _CRC.pack(zlib.crc32(fields))).ljust(BLOCK, b"\0")
+
+
+def check_run_id(run_id: str) -> str:
+    if not (isinstance(run_id, str) and len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
+        raise ValueError(f"a run id is 32 lowercase hex digits (uuid4().hex), not {run_id!r}")
+    return run_id
+
+
+class Slab:
+    """One entry's file image in host memory: header, then p, m, v at their file offsets."""
+
+    def __init__(self, entry: int, numel: int, raw: np.ndarray) -> None:
+        self.entry, self.numel, self.raw = entry, numel, raw
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(p, m, v)``: fp32 views of ``numel`` elements into the image."""
+        r = region_bytes(self.numel)
+        return tuple(self.raw[BLOCK + k * r:BLOCK + k * r + 4 * self.numel].view(F32) for k in range(3))
+
+
+class DiskTier:
+    """The state files of one run in one directory.
+
+    Constructing it checks the directory (creating it when missing) and changes nothing
+    else: the manifest of another run, a state file of this run that is short or whose
+    header is wrong, or too little free space for the files is a one-line UserError.
+    :meth:`prepare` then writes the manifest; :meth:`store` and :meth:`read` move entries.
+    ``direct=False`` asks for buffered I/O (what a filesystem without O_DIRECT gets).
+    """
+
+    def __init__(self, directory: str | os.PathLike, run_id: str, numels: Mapping[int, int], *,
+                 direct: bool = True) -> None:
+        self.directory = Path(directory)
+        self.run_id = check_run_id(run_id)
+        self.numels = {int(e): int(n) for e, n in numels.items()}
+        if any(n <= 0 for n in self.numels.values()):
+            raise ValueError("entries of the disk tier have at least one element")
+        self.direct = direct   # O_DIRECT asked for; False once a filesystem refused it
+        self.open_flags: dict[int, int] = {}  # entry -> flags its file was opened with
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.live_bytes = 0       # slab memory alive now, and its peak: the tier's host footprint
+        self.peak_live_bytes = 0
+        self._check()
+
+    @property
+    def where(self) -> str:
+        return f"--eps-offload {self.directory}"
+
+    def path(self, entry: int) -> Path:
+        return self.directory / entry_file(entry)
+
+    def _tmp_path(self, entry: int) -> Path:
+        return self.directory / (entry_file(entry) + ".tmp")
+
+    # ------------------------------------------------------------ start-up
+    def _check(self) -> None:
+        d = self.directory
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise UserError(f"{self.where}: exists and is not a directory") from None
+        except OSError as exc:
+            raise UserError(f"{self.where}: cannot create it ({exc.strerror or exc})") from None
+        if not d.is_dir():
+            raise UserError(f"{self.where}: not a directory")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise UserError(f"{self.where}: not writable")
+        self._check_manifest(d / MANIFEST)
+        held = 0
+        for entry, numel in sorted(self.numels.items()):
+            path = self.path(entry)
+            if os.path.lexists(path):
+                self._check_file(entry, path)
+                held += file_bytes(numel)
+        need = sum(file_bytes(n) for n in self.numels.values()) - held
+        free = self.free_bytes()
+        if need > free:
+            raise UserError(f"{self.where}: the EPS state needs {need / 2**30:.2f} GiB more there, and its "
+                            f"filesystem has {free / 2**30:.2f} GiB free")
+
+    def free_bytes(self) -> int:
+        override = os.environ.get(FREE_BYTES_ENV)
+        if override is not None:
+            return int(override)
+        return shutil.disk_usage(self.directory).free
+
+    def _check_manifest(self, path: Path) -> None:
+        if not os.path.lexists(path):
+            return
+        try:
+            doc = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+            raise UserError(f"{self.where}: {MANIFEST} is not an l2l EPS offload manifest; give an empty directory")
+        if doc.get("version") != VERSION:
+            raise UserError(f"{self.where}: {MANIFEST} has format version {doc.get('version')!r}; this l2l "
+                            f"writes version {VERSION}")
+        if doc.get("run") != self.run_id:
+            raise UserError(f"{self.where} holds the EPS state of another run ({doc.get('run')}): give an empty "
+                            "directory or remove it")
+
+    def _check_file(self, entry: int, path: Path) -> None:
+        """A state file's size and header against this run (the file is not changed)."""
+        try:
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                head = f.read(BLOCK)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        self._check_image(entry, head, size, path)
+
+    def _check_image(self, entry: int, head: bytes, size: int, path: Path) -> None:
+        want = file_bytes(self.numels[entry])
+        if size < BLOCK:
+            raise UserError(f"{path}: truncated: {size} of {want} bytes")
+        problem = self._header_problem(entry, bytes(head[:BLOCK]))
+        if problem:
+            raise UserError(f"{path}: {problem}")
+        if size != want:
+            raise UserError(f"{path}: truncated: {size} of {want} bytes" if size < want else
+                            f"{path}: {size} bytes, expected {want}")
+
+    def _header_problem(self, entry: int, head: bytes) -> str | None:
+        magic, version, run, got_entry, numel = _FIELDS.unpack_from(head)
+        if magic != MAGIC:
+            return "not an l2l EPS state file"
+        if _CRC.unpack_from(head, _FIELDS.size)[0] != zlib.crc32(head[:_FIELDS.size]):
+            return "damaged header (CRC mismatch)"
+        if version != VERSION:
+            return f"format version {version}; this l2l reads version {VERSION}"
+        run = run.decode("ascii", "replace")
+        if run != self.run_id:
+            return f"belongs to run {run}, this run is {self.run_id}"
+        if got_entry != entry:
+            return f"holds entry {got_entry}, expected {entry}"
+        if numel != self.numels[entry]:
+            return f"holds {numel} parameters, expected {self.numels[entry]}"
+        return None
+
+    def prepare(self) -> None:
+        """Write the manifest (after the checks: the directory is this run's from now on)."""
+        doc = {"format": MANIFEST_FORMAT, "version": VERSION, "run": self.run_id,
+               "entries": {str(e): n for e, n in sorted(self.numels.items())}}
+        atomic_write_bytes(self.directory / MANIFEST, (json.dumps(doc, indent=1) + "\n").encode())
+        for entry in self.numels:  # a file a kill left half-created: a new one is written whole
+            tmp = self._tmp_path(entry)
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+    # ------------------------------------------------------------ memory
+    def slab(self, entry: int) -> Slab:
+        """A zeroed image of the entry's file with its header: the buffer every read and write uses."""
+        numel = self.numels[entry]
+        raw = aligned_empty(file_bytes(numel), np.uint8, align=BLOCK)
+        raw[...] = 0
+        raw[:BLOCK] = np.frombuffer(header(self.run_id, entry, numel), np.uint8)
+        nbytes = raw.nbytes
+        with self._lock:
+            self.live_bytes += nbytes
+            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        weakref.finalize(raw.base, self._freed, nbytes)
+        return Slab(entry, numel, raw)
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.live_bytes -= nbytes
+
+    # ------------------------------------------------------------ I/O
+    def _open(self, path: Path, flags: int) -> tuple[int, int]:
+        """(fd, flags): O_DIRECT when asked and the filesystem takes it, else buffered."""
+        if self.direct and hasattr(os, "O_DIRECT"):
+            try:
+                return os.open(path, flags | os.O_DIRECT, 0o644), flags | os.O_DIRECT
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.direct = False  # e.g. tmpfs: buffered, with the pages dropped after use
+        return os.open(path, flags, 0o644), flags
+
+    def _fd(self, entry: int) -> int:
+        with self._lock:
+            fd = self._fds.get(entry)
+            if fd is None:
+                fd, self.open_flags[entry] = self._open(self.path(entry), os.O_RDWR)
+                self._fds[entry] = fd
+            return fd
+
+    def exists(self, entry: int) -> bool:
+        return entry in self._fds or os.path.lexists(self.path(entry))
+
+    def read(self, entry: int) -> Slab:
+        """The entry's file image, its header and size checked (UserError when wrong)."""
+        fd = self._fd(entry)
+        slab = self.slab(entry)
+        _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
+        self._drop_pages(fd, self.open_flags[entry], wrote=False)
+        self._check_image(entry, slab.raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))
+        return slab
+
+    def store(self, slab: Slab) -> None:
+        """Write the image to the entry's file: in place, or for a new file under a temporary
+        name renamed once complete (a kill never leaves a short state file)."""
+        entry = slab.entry
+        if self.exists(entry):
+            fd = self._fd(entry)
+            self._write(fd, self.open_flags[entry], slab)
+            return
+        tmp = self._tmp_path(entry)
+        fd, flags = self._open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, slab.raw.nbytes)  # ENOSPC now, not halfway; one extent
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+            self._write(fd, flags, slab)
+            os.rename(tmp, self.path(entry))
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._fds[entry], self.open_flags[entry] = fd, flags
+
+    def _write(self, fd: int, flags: int, slab: Slab) -> None:
+        put = _transfer(os.pwritev, fd, slab.raw)
+        if put != slab.raw.nbytes:
+            raise OSError(errno.EIO, f"short write: {put} of {slab.raw.nbytes} bytes", str(self.path(slab.entry)))
+        self._drop_pages(fd, flags, wrote=True)
+
+    @staticmethod
+    def _drop_pages(fd: int, flags: int, wrote: bool) -> None:
+        """Buffered I/O only: drop the file's pages from the page cache (dirty ones once written)."""
+        if flags & getattr(os, "O_DIRECT", 0):
+            return
+        if wrote:
+            os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def uses_direct(self, entry: int) -> bool:
+        return bool(self.open_flags.get(entry, 0) & getattr(os, "O_DIRECT", 0))
+
+    def fd(self, entry: int) -> int:
+        """The entry's open file descriptor (tests read its flags from /proc)."""
+        return self._fd(entry)
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _transfer(call, fd: int, raw: np.ndarray) -> int:
+    """``os.preadv``/``os.pwritev`` of ``raw`` at offset 0, in CHUNK pieces; bytes moved (short at EOF)."""
+    view = memoryview(raw).cast("B")
+    done = 0
+    while done < len(view):
+        n = call(fd, [view[done:done + CHUNK]], done)
+        if n <= 0:
+            break
+        done += n
+    return done
