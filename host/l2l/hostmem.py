@@ -53,6 +53,78 @@ def tune_host_allocator() -> bool:
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+class HeapTrimmer:
+    """Gives the heap's resident holes back to the kernel once they add up to a slack.
+
+    glibc before 2.38 serves an aligned allocation (torch asks for 64-byte
+    alignment) by over-allocating and splitting, so a freed activation can leave
+    a chunk too small for the same request in the next layer, and each layer
+    touches fresh pages; with the trim threshold raised
+    (:func:`tune_host_allocator`) they stay resident, about 2 MiB a layer at
+    128 tokens and d 512 (docs/host-memory.md). Called at each layer boundary,
+    this measures the resident memory the allocator holds free (anonymous
+    resident set minus the bytes in use, ``mallinfo2`` over all arenas) and,
+    when it grew by the slack since the last trim, calls ``malloc_trim(0)``:
+    the free pages go back, and only those the next layers reuse are faulted
+    in again. The slack is at least ``slack`` bytes and twice what the first
+    layer after a trim faults back in (its activations' working set), so where
+    activations are large it trims rarely instead of faulting them in at every
+    layer. ``L2L_MALLOC_TUNING=0`` or a C library without these calls makes
+    it a no-op.
+    """
+
+    def __init__(self, slack: int = 16 << 20) -> None:
+        self.slack = slack
+        self.trims = 0
+        self._after: int | None = None   # resident free bytes right after the last trim
+        self._refault = 0                # the most a layer faulted back in after a trim
+        self._measuring = False
+        self._libc = None
+        if os.environ.get("L2L_MALLOC_TUNING", "1") != "0" and sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None)
+                libc.mallinfo2.restype = _MallInfo2
+                libc.malloc_trim.argtypes = [ctypes.c_size_t]
+                self._libc = libc
+            except (OSError, AttributeError):  # not glibc, or older than 2.33
+                self._libc = None
+
+    @property
+    def active(self) -> bool:
+        return self._libc is not None
+
+    def resident_free(self) -> int:
+        """Anonymous resident bytes not in use by any allocation: the allocator's resident
+        free memory (plus thread stacks and the like, which do not grow between layers)."""
+        info = self._libc.mallinfo2()
+        return memory_status().get("RssAnon", 0) - int(info.uordblks) - int(info.hblkhd)
+
+    def __call__(self) -> bool:
+        """Trim if the resident free memory grew by the slack since the last trim; True when it trimmed."""
+        if self._libc is None:
+            return False
+        free = self.resident_free()
+        if self._after is None or free < self._after:
+            self._after = free
+            return False
+        if self._measuring:
+            self._refault = max(self._refault, free - self._after)
+            self._measuring = False
+        if free - self._after < max(self.slack, 2 * self._refault):
+            return False
+        self._libc.malloc_trim(0)
+        self.trims += 1
+        self._after = self.resident_free()
+        self._measuring = True
+        return True
+
+
 def aligned_empty(n: int, dtype, align: int = 64) -> np.ndarray:
     """``np.empty`` starting on an ``align``-byte boundary (a cache line): vector kernels
     and streaming stores (the OpenCL EPS on a CPU) want whole lines."""

@@ -23,6 +23,7 @@ import torch
 from ..data import Batch
 from ..engine import StepResult
 from ..eps import EagerParamServer
+from ..hostmem import HeapTrimmer
 from ..models import FlatLayout, Layer, LayerStack
 from .binding import WeightBinding
 from .ledger import MemoryLedger
@@ -115,6 +116,7 @@ class RelayEngine:
         self._recorder = Recorder(device)
         self._store: BoundaryStore | None = None  # the running step's stash (None between steps)
         self.boundary_hooks: list[Callable[[RelayEngine, str, int], None]] = []
+        self.heap_trimmer = HeapTrimmer()  # the host heap's holes, handed back between layers
 
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
@@ -197,6 +199,7 @@ class RelayEngine:
     def _boundary(self, phase: str, i: int) -> None:
         for hook in self.boundary_hooks:
             hook(self, phase, i)
+        self.heap_trimmer()
 
     # ------------------------------------------------------------ training
     def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
@@ -325,6 +328,7 @@ class RelayEngine:
             loss_scale=scale,
             skipped_layers=skipped,
             grad_norm=grad_norm,
+            host_stash_bytes=self.ledger.host_stash_peak,
         )
 
     def _device_peak(self) -> int:
