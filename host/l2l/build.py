@@ -74,7 +74,8 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     eps = EagerParamServer(backend, hyper_of(cfg),
                            copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
                            host_alloc=transports[0].host_alloc,
-                           all_reduce=distributed.cross_machine_reduce() if world > 1 else None)
+                           all_reduce=distributed.cross_machine_reduce() if world > 1 else None,
+                           share_masters=device.type == "cpu")
     m = cfg.micro_batches // world
     if cfg.devices == 1:
         return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,

@@ -56,6 +56,13 @@ class EpsBackend(ABC):
     def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         """Replace the layer's state (from a checkpoint)."""
 
+    def master_as_copy(self, layer: int) -> np.ndarray | None:
+        """The layer's fp32 master weights themselves, to serve as its fp32 device copy where
+        the device computes in host memory (the CPU): the copy would be a duplicate, 4 bytes
+        a parameter. Only a backend that keeps ``p`` in host memory for the whole run, and
+        updates it in place, can give it; the default is None (the server keeps a copy)."""
+        return None
+
     def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         """Take ``(p, m, v)`` as the layer's state, as if allocated and loaded (a disk tier hands
         a layer in just before its update). The caller does not use the arrays again, so a

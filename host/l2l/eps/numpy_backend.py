@@ -41,6 +41,9 @@ class NumpyBackend(EpsBackend):
         """Takes the arrays themselves when they are writable contiguous fp32 vectors: no copy."""
         self._p[layer], self._m[layer], self._v[layer] = (adoptable(a) for a in (p, m, v))
 
+    def master_as_copy(self, layer: int) -> np.ndarray:
+        return self._p[layer]
+
     def release(self, layer: int) -> None:
         for store in (self._p, self._m, self._v):
             store.pop(layer, None)
@@ -56,12 +59,14 @@ class NumpyBackend(EpsBackend):
             g = self._reduced(n)
             if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
                 return False
-        numerics.adamw_update(self._p[layer], self._m[layer], self._v[layer], g, scalars,
-                              copy_out=copy_out, scratch=self._scratch())
+        p = self._p[layer]
+        numerics.adamw_update(p, self._m[layer], self._v[layer], g, scalars,
+                              copy_out=None if copy_out is p else copy_out, scratch=self._scratch())
         return True
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
-        numerics.device_copy(self._p[layer], copy_out)
+        if copy_out is not self._p[layer]:  # the master serving as its own copy is already written
+            numerics.device_copy(self._p[layer], copy_out)
 
     def read_state(self, layer: int):
         return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
