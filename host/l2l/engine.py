@@ -35,6 +35,7 @@ class StepResult:
     # previous step (known when its updates settle), with --overflow strict this step's
     skipped_layers: int = 0
     grad_norm: float | None = None   # global gradient norm (--overflow strict, or clipping)
+    host_stash_bytes: int = 0        # the host stash's peak this step (--stash host), all workers
 
 
 @runtime_checkable

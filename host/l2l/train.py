@@ -50,6 +50,7 @@ class RunSummary:
     device_weight_peak_bytes: int
     host_peak_bytes: int | None = None  # the process's peak resident set (VmHWM), build to summary
     host_runtime_bytes: int | None = None  # its resident set as the l2l command started, before any model
+    host_stash_bytes: int = 0  # the host stash's peak (--stash host), within host_peak_bytes, reported apart
     params: int | None = None
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
@@ -214,7 +215,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     log = MetricsLog(out / "metrics.jsonl", resume_from_step=start) if main else None
     bar = _progress(cfg, start)
     last_val, last_loss, tps_seen, step_times, digests = None, None, [], [], None
-    peak = weight_peak = 0
+    peak = weight_peak = host_stash = 0
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
@@ -240,6 +241,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             last_loss = result.loss
             peak = max(peak, result.device_peak_bytes)
             weight_peak = max(weight_peak, result.device_weight_peak_bytes)
+            host_stash = max(host_stash, result.host_stash_bytes)
             if world > 1 and cfg.check_every and (done % cfg.check_every == 0 or done == cfg.steps):
                 digests = distributed.check_agreement(engine.state_tensors(), done)
             host_rss = memory_status().get("VmRSS")
@@ -272,6 +274,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          mean_tokens_per_s=float(np.mean(tps_seen)) if tps_seen else None,
                          device_peak_bytes=peak, device_weight_peak_bytes=weight_peak,
                          host_peak_bytes=memory_status().get("VmHWM"), host_runtime_bytes=runtime_resident(),
+                         host_stash_bytes=host_stash,
                          params=stack.num_params)
     summary.machines_weights_sha256 = digests
     if plan is not None and step_times:

@@ -55,9 +55,12 @@ def measure(layers: int, d_model: int, heads: int, precision: str, stash: str, w
     shutil.rmtree(out)  # its checkpoints: 12 bytes a parameter each, two of them
     peak, idle, params = s["host_peak_bytes"], s["host_runtime_bytes"], s["params"]
     predicted = s["plan"]["predicted_host_bytes"]
+    stash_bytes = s.get("host_stash_bytes", 0)
     return {"layers": layers, "d_model": d_model, "precision": precision, "stash": stash, "params": params,
-            "idle_bytes": idle, "peak_bytes": peak, "predicted_bytes": predicted,
-            "bytes_per_param": (peak - idle) / params, "floor_bytes_per_param": 12 + (4 if precision == "fp32" else 2),
+            "idle_bytes": idle, "peak_bytes": peak, "predicted_bytes": predicted, "host_stash_bytes": stash_bytes,
+            "bytes_per_param": (peak - idle) / params,
+            "bytes_per_param_without_stash": (peak - idle - stash_bytes) / params,
+            "floor_bytes_per_param": s["plan"]["predicted_host_state_bytes"] / params,
             "prediction_error": peak / predicted - 1, "run_s": time.perf_counter() - t0}
 
 
@@ -66,14 +69,19 @@ def markdown(rows: list[dict], command: str) -> str:
              "",
              f"`{command}`: per row one `l2l train` (build, evaluation, 2 steps of batch 2 x 64 tokens, "
              "a checkpoint after each), GPT on the CPU. *Bytes/param*: peak resident set above the idle "
-             "process (torch and l2l imported), per parameter; *floor*: the EPS's p, m, v and device copy.",
+             "process (torch and l2l imported), per parameter, and the same without the host stash "
+             "(`--stash host`: the stashed boundaries, booked by the relay's ledger, reported apart); "
+             "*floor*: the EPS's p, m, v and device copies (none in fp32 on the CPU, where the masters "
+             "serve as the copies).",
              "",
-             "| model | params | precision | stash | idle GiB | peak GiB | bytes/param | floor | predicted GiB | error |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| model | params | precision | stash | idle GiB | peak GiB | bytes/param | without stash | floor "
+             "| predicted GiB | error |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['layers']} x d{r['d_model']} | {r['params'] / 1e6:.1f}M | {r['precision']} | {r['stash']} "
                      f"| {r['idle_bytes'] / 2**30:.2f} | {r['peak_bytes'] / 2**30:.2f} | {r['bytes_per_param']:.2f} "
-                     f"| {r['floor_bytes_per_param']} | {r['predicted_bytes'] / 2**30:.2f} "
+                     f"| {r['bytes_per_param_without_stash']:.2f} "
+                     f"| {r['floor_bytes_per_param']:g} | {r['predicted_bytes'] / 2**30:.2f} "
                      f"| {r['prediction_error']:+.1%} |")
     return "\n".join(lines) + "\n"
 

@@ -34,6 +34,7 @@ class Forecast:
     step_s: float
     device_bytes: int      # what the relay's ledger peaks at (device_peak_bytes on the CPU)
     host_bytes: int        # the planner's host memory: the process's peak resident set
+    host_state_bytes: int  # of which the EPS's p, m, v and device copies (the byte budget's floor)
     calibrated: bool
     text: str              # the planner's one-line summary
 
@@ -52,6 +53,7 @@ class Forecast:
                      f"predicted ({host_peak_bytes / self.host_bytes - 1:+.0%})")
         record = {"predicted_step_s": self.step_s, "measured_step_s": measured,
                   "predicted_device_bytes": self.device_bytes, "predicted_host_bytes": self.host_bytes,
+                  "predicted_host_state_bytes": self.host_state_bytes,
                   "measured_host_peak_bytes": host_peak_bytes, "plan_calibrated": self.calibrated}
         return line, record
 
@@ -76,7 +78,7 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
     # a small model's EPS fits in what the measurements freed
     peak_so_far = memory_status().get("VmHWM", 0)
     return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes,
-                    host_bytes=max(p.host_total_bytes, peak_so_far),
+                    host_bytes=max(p.host_total_bytes, peak_so_far), host_state_bytes=p.host_state_bytes,
                     calibrated=calibrated,
                     text=summary_line(p))
 

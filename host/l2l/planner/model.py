@@ -148,6 +148,7 @@ class Prediction:
     activation_bytes: int        # rough: one layer's recompute over one micro-batch
     device_total_bytes: int      # ledger + activations
     host_eps_bytes: int          # EPS state: p, m, v, device copy; the inboxes in flight
+    host_state_bytes: int        # of which p, m, v and the device copies: the byte budget's floor
     host_stash_bytes: int        # --stash host: the stashed boundaries
     host_runtime_bytes: int      # the process before any model: torch and l2l imported
     host_transient_bytes: int    # a few layers' worth: build, gradient temporaries, reduction;
@@ -335,6 +336,14 @@ def activation_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) ->
     return max(block, (2 * vocab + 2 * d) * t) * db
 
 
+def device_copy_bytes(cfg: TrainConfig, db: int, on_cuda: bool) -> int:
+    """Host bytes a parameter for the EPS's device copies: none where the CPU computes in fp32
+    on the NumPy EPS's masters themselves (``EagerParamServer(share_masters=True)``), else one
+    copy in the compute dtype."""
+    shared = not on_cuda and db == 4 and cfg.eps == "numpy" and not getattr(cfg, "eps_offload", None)
+    return 0 if shared else db
+
+
 def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, act_bytes: int,
                          on_cuda: bool) -> int:
     """Host memory beyond the EPS state that a few layers set, at the step's peak.
@@ -390,7 +399,8 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
     inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
-    host_eps = params * (EPS_STATE_BYTES + db) + inboxes
+    host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda))
+    host_eps = host_state + inboxes
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0
@@ -423,7 +433,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
         eps_exposed_s=max(0.0, timed["eps_end"] - timed["device_end"]),
         device_weight_bytes=weights, device_ledger_bytes=device_ledger,
         activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
-        host_eps_bytes=host_eps, host_stash_bytes=ledger["host_stash"],
+        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=ledger["host_stash"],
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
         host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient,
         rates=rates.to_dict(), layers_detail=detail)

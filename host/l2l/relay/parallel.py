@@ -98,6 +98,7 @@ class DataParallelRelay:
             loss_scale=results[0].loss_scale,
             skipped_layers=skipped,
             grad_norm=grad_norm,
+            host_stash_bytes=sum(r.host_stash_bytes for r in results),
         )
 
     def evaluate(self, batches: list[Batch]) -> float:
