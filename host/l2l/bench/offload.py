@@ -43,8 +43,8 @@ def _parser() -> Parser:
     p = Parser(prog="l2l bench offload", description=__doc__)
     p.add_argument("--quick", action="store_true", help="tiny models, no limit: checks the benchmark runs")
     p.add_argument("--dir", default=None, help="directory for the state files (default: a new one in the temp dir)")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
     p.add_argument("--layers", type=int, default=None,
                    help=f"blocks of the large model (default: its state files take {STATE_SHARE_OF_FREE:.0%} of "
                         "the free disk space, at most 6 GiB)")
@@ -52,8 +52,7 @@ def _parser() -> Parser:
                    help="of the large model (default bf16: the device copies stay in memory, and in fp32 they "
                         "alone are a third of the state)")
     p.add_argument("--window", type=int, default=1, help="--eps-offload-window of the large model")
-    p.add_argument("--small", default="8x512", help="LAYERSxD_MODEL timed with and without the tier (its state and
-                   "checkpoint must fit the free disk too)")
+    p.add_argument("--small", default="8x1024", help="LAYERSxD_MODEL timed with and without the tier")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--results", default=None,
                    help=f"Markdown file whose section between {BEGIN} and {END} is regenerated "
