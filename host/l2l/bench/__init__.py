@@ -4,14 +4,15 @@ relay (step time against the plain baseline), eps (update throughput against the
 memory roofline), memory (device memory against depth and M, ledger and audit),
 workers (1, 2, 4 relay workers on one EPS), load (host memory of loading a
 Hugging Face checkpoint into the EPS, and two training steps after it), host (peak
-resident set of whole training runs against the planner's host figure), suite (eps, relay and memory, with the
+resident set of whole training runs against the planner's host figure), offload (the EPS disk tier under a memory limit: peak
+resident set against the state, its disk throughput against the disk's), suite (eps, relay and memory, with the
 headline figures, and ``docs/results.md`` regenerated).
 """
 from __future__ import annotations
 
 from ..errors import UserError
 
-BENCHMARKS = ("relay", "eps", "memory", "workers", "load", "host", "suite")
+BENCHMARKS = ("relay", "eps", "memory", "workers", "load", "host", "offload", "suite")
 
 
 def run_bench(what: str, argv: list[str]) -> int:
@@ -33,6 +34,9 @@ def run_bench(what: str, argv: list[str]) -> int:
     elif what == "host":
         from .host import run_host_bench
         return run_host_bench(argv)
+    elif what == "offload":
+        from .offload import run_offload_bench
+        return run_offload_bench(argv)
     elif what == "suite":
         from .suite import run_suite
         return run_suite(argv)

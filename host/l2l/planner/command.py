@@ -15,13 +15,15 @@ from .measure import calibrate, measure_rates
 from .model import Rates, choose_micro_batches, predict
 from .report import format_plan, mib
 from ..options import BATCH, DEVICE, EPS, MODEL, RELAY, Parser, add_options, config_from
+from .disk import DiskRates, format_disk, free_bytes, plan_disk, probe_disk
 from .shapes import dtype_bytes_of
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="l2l plan", description="Predict a relay step's time and memory from the model's shape and "
                "the machine's rates (measured here unless given).")
     add_options(p, MODEL + BATCH + DEVICE)
-    add_options(p, [o for o in RELAY + EPS if o.flag in ("--stash", "--precision", "--devices", "--eps")])
+    add_options(p, [o for o in RELAY + EPS if o.flag in ("--stash", "--precision", "--devices", "--eps",
+                                                  "--eps-offload", "--eps-offload-window")])
     p.add_argument("--dtype-bytes", type=int, default=None,
                    help="bytes per weight/gradient/activation element (default: what --precision computes in)")
     p.add_argument("--flops", type=float, default=None, help="device compute rate, FLOP/s (default: measured)")
@@ -32,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="achieved share of --flops (default: calibrated with real relay steps when measuring, else 1)")
     p.add_argument("--per-call-us", type=float, default=None,
                    help="fixed cost of one layer's forward call on one micro-batch, µs (default: calibrated, else 0)")
+    p.add_argument("--disk-read-gbps", type=float, default=None,
+                   help="with --eps-offload: the disk's read bandwidth, GB/s (default: measured in DIR)")
+    p.add_argument("--disk-write-gbps", type=float, default=None,
+                   help="with --eps-offload: the disk's write bandwidth, GB/s (default: measured in DIR)")
     p.add_argument("--no-calibrate", action="store_true", help="skip the relay steps that calibrate the efficiency")
     p.add_argument("--memory-budget-gib", type=float, default=None, help="device memory for choosing M")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -80,23 +86,39 @@ def run_plan(argv: list[str]) -> int:
         return _run_fit(args)
     if args.host_memory is not None or args.device_memory is not None:
         raise UserError("--host-memory and --device-memory apply to --fit")
+    if args.eps_offload is None and (args.disk_read_gbps is not None or args.disk_write_gbps is not None):
+        raise UserError("--disk-read-gbps and --disk-write-gbps apply to --eps-offload")
     cfg = config_from(args, progress=False).check()
     db = dtype_bytes_of(cfg, args.dtype_bytes)
+    disk_rates = None if cfg.eps_offload is None else _disk_rates_of(args, cfg)  # a bad DIR fails first
     rates = _rates_of(args, cfg, db)
     prediction = predict(cfg, rates, dtype_bytes=db)
     budget = None if args.memory_budget_gib is None else int(args.memory_budget_gib * 2**30)
     choice = choose_micro_batches(cfg, rates, device_memory_bytes=budget, dtype_bytes=db)
+    tier = None if cfg.eps_offload is None else plan_disk(cfg, prediction, disk_rates)
     if args.json:
         print(json.dumps({"prediction": prediction.to_dict(), "rates": rates.to_dict(),
-                          "micro_batches": asdict(choice)}, indent=2, default=str))
+                          "micro_batches": asdict(choice), "disk": None if tier is None else tier.to_dict()},
+                         indent=2, default=str))
     else:
-        print(format_plan(prediction, rates, choice))
+        print(format_plan(prediction, rates, choice) + ("" if tier is None else "\n\n" + format_disk(tier)))
     return 0
+
+
+def _disk_rates_of(args, cfg: TrainConfig) -> DiskRates:
+    """The disk's bandwidth: given (both), else measured in --eps-offload DIR."""
+    read, write = args.disk_read_gbps, args.disk_write_gbps
+    if (read is None) != (write is None):
+        raise UserError("give both --disk-read-gbps and --disk-write-gbps, or neither (then both are measured)")
+    if read is not None:
+        return DiskRates(read * 1e9, write * 1e9)
+    return probe_disk(cfg.eps_offload)
 
 
 # ---------------------------------------------------------------- --fit
 
-_RATE_OPTIONS = ("flops", "link_gbps", "eps_rate", "efficiency", "per_call_us", "memory_budget_gib")
+_RATE_OPTIONS = ("flops", "link_gbps", "eps_rate", "efficiency", "per_call_us", "memory_budget_gib",
+                 "disk_read_gbps", "disk_write_gbps")
 
 
 def _gib(flag: str, value: float) -> int:
@@ -138,9 +160,9 @@ def _train_flags(cfg: TrainConfig, device: str) -> str:
     flags = ["--model", cfg.model, "--layers", cfg.layers, "--d-model", cfg.d_model, "--heads", cfg.heads,
              "--seq-len", cfg.seq_len, "--batch-size", cfg.batch_size, "--micro-batches", cfg.micro_batches]
     default = TrainConfig()
-    for flag in ("dropout", "stash", "precision", "devices"):
+    for flag in ("dropout", "stash", "precision", "devices", "eps_offload", "eps_offload_window"):
         if getattr(cfg, flag) != getattr(default, flag):
-            flags += ["--" + flag, getattr(cfg, flag)]
+            flags += ["--" + flag.replace("_", "-"), getattr(cfg, flag)]
     if device != "auto":
         flags += ["--device", device]
     return "l2l train " + " ".join(str(f) for f in flags)
@@ -155,6 +177,10 @@ def _run_fit(args) -> int:
     if given:
         raise UserError(f"--fit plans memory alone, which no rate changes: drop --{given[0].replace('_', '-')}")
     limits, host_from, device_from = _limits(args)
+    disk_from = ""
+    if args.eps_offload is not None:  # the state goes to disk: its free space is the state's limit
+        limits = replace(limits, disk_bytes=free_bytes(args.eps_offload))
+        disk_from = f"free on --eps-offload {args.eps_offload}'s filesystem"
     cfg = config_from(args, progress=False)
     if args.fit == "d-model":
         cfg = replace(cfg, d_model=cfg.heads)  # searched; checked as the smallest, heads wide
@@ -168,9 +194,12 @@ def _run_fit(args) -> int:
             "fit": found.search, "model": cfg.model, "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
             "params": s.params, "host_bytes": s.host_bytes, "host_limit_bytes": limits.host_bytes,
             "host_limit_from": host_from, "device": "cuda" if limits.on_cuda else "cpu",
-            "device_bytes": s.device_bytes, "device_limit_bytes": limits.device_bytes, "binding": found.binding,
+            "device_bytes": s.device_bytes, "device_limit_bytes": limits.device_bytes,
+            "disk_bytes": s.disk_bytes if limits.disk_bytes is not None else None,
+            "disk_limit_bytes": limits.disk_bytes, "binding": found.binding,
             "next": None if n is None else {"layers": n.layers, "d_model": n.d_model, "params": n.params,
                                             "host_bytes": n.host_bytes, "device_bytes": n.device_bytes,
+                                            "disk_bytes": n.disk_bytes,
                                             "over": sorted(n.over(limits))},
             "train": train}, indent=2))
         return 0
@@ -182,12 +211,16 @@ def _run_fit(args) -> int:
                      + mark.get("device", ""))
     else:
         lines.append("  device: the CPU (counted in host)")
+    if limits.disk_bytes is not None:
+        lines.append(f"  disk:   {mib(s.disk_bytes)} of state files of {mib(limits.disk_bytes)} {disk_from}"
+                     + mark.get("disk", ""))
     if n is None:
         lines.append(f"  next:   none: the search stops at {s.layers if found.search == 'layers' else s.d_model}")
     else:
         size = f"{n.layers} layers" if found.search == "layers" else f"d{n.d_model}"
         needs = [f"{where} {mib(need)} ({mib(need - limit)} over)" for where, need, limit in
-                 (("host", n.host_bytes, limits.host_bytes), ("device", n.device_bytes, limits.device_bytes))
+                 (("host", n.host_bytes, limits.host_bytes), ("device", n.device_bytes, limits.device_bytes),
+                  ("disk", n.disk_bytes, limits.disk_bytes))
                  if where in n.over(limits)]
         lines.append(f"  next:   {size} ({count(n.params)} parameters) would need " + " and ".join(needs))
     lines.append(f"  train:  {train}")

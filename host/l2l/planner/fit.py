@@ -50,10 +50,12 @@ def fit_rates(on_cuda: bool) -> Rates:
 @dataclass(frozen=True)
 class Limits:
     """Memory to fit in, bytes. ``device_bytes`` is a CUDA device's; None on the CPU
-    device, whose memory is host memory (counted in the host figure)."""
+    device, whose memory is host memory (counted in the host figure). ``disk_bytes``:
+    with ``--eps-offload``, the free space for the state files (None: no disk tier)."""
 
     host_bytes: int
     device_bytes: int | None = None
+    disk_bytes: int | None = None
 
     @property
     def on_cuda(self) -> bool:
@@ -70,6 +72,7 @@ class Size:
     params: int
     host_bytes: int
     device_bytes: int
+    disk_bytes: int = 0  # with --eps-offload: the state files
 
     def over(self, limits: Limits) -> dict[str, float]:
         """Each limit this size exceeds, with its need as a share of the limit."""
@@ -78,6 +81,8 @@ class Size:
             out["host"] = self.host_bytes / limits.host_bytes
         if limits.on_cuda and self.device_bytes > limits.device_bytes:
             out["device"] = self.device_bytes / limits.device_bytes
+        if limits.disk_bytes is not None and self.disk_bytes > limits.disk_bytes:
+            out["disk"] = self.disk_bytes / max(limits.disk_bytes, 1)
         return out
 
     def fits(self, limits: Limits) -> bool:
@@ -96,13 +101,20 @@ class Fit:
     binding: str
 
 
-def _exact(cfg: TrainConfig, rates: Rates, db: int) -> tuple[int, int, int]:
+def _exact(cfg: TrainConfig, rates: Rates, db: int) -> tuple[int, ...]:
+    """(params, host bytes, device bytes), and with ``--eps-offload`` the state files' bytes,
+    the host figure then the tier's (state on disk, a window in memory)."""
     p = predict(cfg, rates, dtype_bytes=db)
-    return p.params, p.host_total_bytes, p.device_total_bytes
+    if cfg.eps_offload is None:
+        return p.params, p.host_total_bytes, p.device_total_bytes
+    from .disk import entry_numels, host_bytes_with_tier, state_file_bytes
+    numels = entry_numels(cfg)
+    return (p.params, host_bytes_with_tier(p, numels, cfg.eps_offload_window), p.device_total_bytes,
+            state_file_bytes(numels))
 
 
-def depth_model(cfg: TrainConfig, rates: Rates, db: int) -> Callable[[int], tuple[int, int, int]]:
-    """(params, host bytes, device bytes) of ``cfg`` at any depth: predicted up to
+def depth_model(cfg: TrainConfig, rates: Rates, db: int) -> Callable[[int], tuple[int, ...]]:
+    """(params, host bytes, device bytes[, disk bytes]: :func:`_exact`) of ``cfg`` at any depth: predicted up to
     ``DIRECT_LAYERS`` blocks, extrapolated beyond on the checked line (module docstring)."""
     line: list = []
     predicted: dict[int, tuple[int, int, int]] = {}
@@ -150,7 +162,8 @@ def fit(cfg: TrainConfig, limits: Limits, search: str = "layers", *, dtype_bytes
     options as ``cfg`` has them. UserError when not even the smallest fits."""
     if search not in SEARCHES:
         raise UserError(f"--fit {search!r}: choose {' or '.join(SEARCHES)}")
-    if not limits.host_bytes > 0 or (limits.on_cuda and not limits.device_bytes > 0):
+    if not limits.host_bytes > 0 or (limits.on_cuda and not limits.device_bytes > 0) or \
+            (limits.disk_bytes is not None and limits.disk_bytes < 0):
         raise UserError("memory limits must be positive")
     rates = fit_rates(limits.on_cuda)
     db = dtype_bytes_of(cfg, dtype_bytes)
@@ -188,7 +201,8 @@ def fit(cfg: TrainConfig, limits: Limits, search: str = "layers", *, dtype_bytes
 def _too_small(model: str, s: Size, limits: Limits) -> str:
     from .report import mib
     needs = [f"{where} {mib(need)} of {mib(limit)}" for where, need, limit in
-             (("host", s.host_bytes, limits.host_bytes), ("device", s.device_bytes, limits.device_bytes))
+             (("host", s.host_bytes, limits.host_bytes), ("device", s.device_bytes, limits.device_bytes),
+              ("disk", s.disk_bytes, limits.disk_bytes))
              if where in s.over(limits)]
     return (f"not even the smallest model fits: {describe(model, s)} needs " + " and ".join(needs))
 

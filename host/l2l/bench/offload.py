@@ -1,0 +1,310 @@
+"""``l2l bench offload``: the EPS disk tier (``--eps-offload``) under a memory limit.
+
+The question: does a run whose EPS state is at least 1.5x the memory it may use train,
+with a small resident set, at the disk's bandwidth? This box cannot hold such a state
+against its whole RAM (24 GiB RAM, a few GiB of free disk), so the run gets a memory
+limit instead: ``l2l train`` runs in a memory cgroup of its own (v2 ``memory.max`` or
+v1 ``memory.limit_in_bytes``; we are root) and "the machine's RAM" of the criterion is
+that limit. The model is sized from the free disk space (the state files and the final
+checkpoint must both fit), the limit from the state.
+
+Measured, from outside the run (``eps/`` is not instrumented): the peak resident set
+(the run's ``summary.json`` ``host_peak_bytes`` and ``VmHWM`` read from ``/proc`` while
+it runs), the bytes it read and wrote (``/proc/PID/io``, sampled every 0.1 s), the disk's
+own sequential bandwidth (the planner's probe, :func:`~l2l.planner.disk.probe_disk`, in
+the same directory), and the step time of a small model with and without the tier.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import UserError
+from ..options import Parser
+from ..planner.disk import entry_numels, probe_disk, size_of, state_file_bytes
+from .output import save_results
+
+BEGIN = "<!-- l2l bench offload: begin -->"
+END = "<!-- l2l bench offload: end -->"
+STATE_SHARE_OF_FREE = 0.35  # the state files, and again the final checkpoint, with room to spare
+RAM_RATIO = 1.5             # the state is this many times the memory limit
+
+
+def _parser() -> Parser:
+    p = Parser(prog="l2l bench offload", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="tiny models, no limit: checks the benchmark runs")
+    p.add_argument("--dir", default=None, help="directory for the state files (default: a new one in the temp dir)")
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"blocks of the large model (default: its state files take {STATE_SHARE_OF_FREE:.0%} of "
+                        "the free disk space, at most 6 GiB)")
+    p.add_argument("--precision", default="bf16",
+                   help="of the large model (default bf16: the device copies stay in memory, and in fp32 they "
+                        "alone are a third of the state)")
+    p.add_argument("--window", type=int, default=1, help="--eps-offload-window of the large model")
+    p.add_argument("--small", default="8x1024", help="LAYERSxD_MODEL timed with and without the tier")
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--results", default=None,
+                   help=f"Markdown file whose section between {BEGIN} and {END} is regenerated "
+                        "(default: docs/results.md when it exists here, not with --quick)")
+    return p
+
+
+# ---------------------------------------------------------------- a memory limit
+
+class MemoryLimit:
+    """A memory cgroup with a limit, for one child process: v2 where the unified hierarchy
+    has the memory controller, else v1. ``how`` says which; ``None`` limit: none made."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.path, self.how, self.procs = limit, None, "none", None
+        if limit is None:
+            return
+        name = f"l2l-bench-offload-{os.getpid()}"
+        v2 = Path("/sys/fs/cgroup")
+        v1 = Path("/sys/fs/cgroup/memory")
+        errors = []
+        for root, limit_file, how in ((v2, "memory.max", "cgroup v2 memory.max"),
+                                      (v1, "memory.limit_in_bytes", "cgroup v1 memory.limit_in_bytes")):
+            if how.startswith("cgroup v2") and "memory" not in _read(root / "cgroup.controllers"):
+                errors.append("cgroup v2: no memory controller")
+                continue
+            try:
+                path = root / name
+                path.mkdir()
+                (path / limit_file).write_text(str(limit))
+                if how.startswith("cgroup v1"):  # no swap to hide in (none here, but say so)
+                    try:
+                        (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+                    except OSError:
+                        pass
+            except OSError as exc:
+                errors.append(f"{how}: {exc}")
+                continue
+            self.path, self.how, self.procs = path, how, path / "cgroup.procs"
+            return
+        raise UserError("l2l bench offload: cannot make a memory limit (" + "; ".join(errors) + ")")
+
+    def enter(self) -> None:
+        """In the child, before exec: join the cgroup."""
+        if self.procs is not None:
+            self.procs.write_text(str(os.getpid()))
+
+    def peak(self) -> int | None:
+        if self.path is None:
+            return None
+        for f in ("memory.peak", "memory.max_usage_in_bytes"):
+            text = _read(self.path / f)
+            if text.strip().isdigit():
+                return int(text)
+        return None
+
+    def oom_kills(self) -> int | None:
+        text = _read(self.path / "memory.events") if self.path else ""
+        for line in text.splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        text = _read(self.path / "memory.failcnt") if self.path else ""
+        return int(text) if text.strip().isdigit() else None
+
+    def close(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- one run
+
+def _watch(pid: int, samples: list, stop: threading.Event) -> None:
+    """Every 0.1 s: (time, read_bytes, write_bytes, VmHWM) of the process, from /proc."""
+    while not stop.is_set():
+        io, status = _read(Path(f"/proc/{pid}/io")), _read(Path(f"/proc/{pid}/status"))
+        if io:
+            f = dict(line.split(": ") for line in io.splitlines() if ": " in line)
+            hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")), 0)
+            samples.append((time.perf_counter(), int(f["read_bytes"]), int(f["write_bytes"]), hwm))
+        stop.wait(0.1)
+
+
+def train(layers: int, d_model: int, heads: int, precision: str, out: Path, *, offload: Path | None = None,
+          window: int = 2, limit: MemoryLimit | None = None, steps: int = 2) -> dict:
+    """One ``l2l train`` in a process of its own; its summary, step times and /proc samples."""
+    cmd = [sys.executable, "-m", "l2l", "train", "--layers", str(layers), "--d-model", str(d_model),
+           "--heads", str(heads), "--seq-len", "64", "--batch-size", "2", "--micro-batches", "1",
+           "--steps", str(steps), "--save-every", "0", "--eval-batches", "1", "--precision", precision,
+           "--plan", "off", "--no-plot", "--out", str(out)]
+    if offload is not None:
+        cmd += ["--eps-offload", str(offload), "--eps-offload-window", str(window)]
+    samples: list = []
+    stop = threading.Event()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=limit.enter if limit is not None and limit.procs else None)
+    watcher = threading.Thread(target=_watch, args=(proc.pid, samples, stop), daemon=True)
+    watcher.start()
+    _, err = proc.communicate()
+    stop.set()
+    watcher.join()
+    if proc.returncode:
+        last = (err.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"l2l bench offload: {layers} x d{d_model} (exit {proc.returncode}) failed: {last}")
+    summary = json.loads((out / "summary.json").read_text())
+    step_times = [json.loads(line)["step_time_s"] for line in (out / "metrics.jsonl").read_text().splitlines()
+                  if line.strip() and "step_time_s" in json.loads(line)]
+    return {"summary": summary, "step_times": step_times, "samples": samples, "run_s": time.perf_counter() - t0}
+
+
+def busiest(samples: list, column: int, span: float = 1.0) -> float:
+    """The highest rate of a /proc counter over any ``span`` seconds of the samples, bytes/s."""
+    best = 0.0
+    j = 0
+    for i in range(len(samples)):
+        while samples[i][0] - samples[j][0] > span:
+            j += 1
+        dt = samples[i][0] - samples[j][0]
+        if dt >= 0.5 * span:
+            best = max(best, (samples[i][column] - samples[j][column]) / dt)
+    return best
+
+
+# ---------------------------------------------------------------- the benchmark
+
+def _layers_for(d_model: int, heads: int, free: int) -> int:
+    """The most blocks whose state files take at most STATE_SHARE_OF_FREE of ``free``, at most 6 GiB."""
+    target = min(6 << 30, int(STATE_SHARE_OF_FREE * free))
+    files = lambda n: state_file_bytes(entry_numels(TrainConfig(layers=n, d_model=d_model, heads=heads,
+                                                                seq_len=64)))
+    per_block = files(2) - files(1)
+    return max(1, (target - files(0 + 1) + per_block) // per_block)
+
+
+def run_offload_bench(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    small_layers, small_d = (int(x) for x in args.small.lower().split("x"))
+    if args.quick:
+        args.layers, args.d_model, args.heads, small_layers, small_d = 4, 64, 4, 2, 64
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="l2l-bench-offload-"))
+    eps_dir, runs = base / "eps", base / "runs"
+    free = shutil.disk_usage(base if base.exists() else base.parent).free
+    layers = args.layers or _layers_for(args.d_model, args.heads, free)
+    cfg = TrainConfig(layers=layers, d_model=args.d_model, heads=args.heads, seq_len=64)
+    numels = entry_numels(cfg)
+    state = state_file_bytes(numels)
+    limit_bytes = None if args.quick else int(state / RAM_RATIO)
+    t_start = time.perf_counter()
+    try:
+        print(f"probing the disk in {eps_dir} ...", flush=True)
+        disk = probe_disk(eps_dir)
+        print(f"disk: read {disk.read_bytes_per_s / 1e9:.2f} GB/s, write {disk.write_bytes_per_s / 1e9:.2f} GB/s",
+              flush=True)
+        limit = MemoryLimit(limit_bytes)
+        try:
+            print(f"{layers} x d{args.d_model} ({sum(numels.values()) / 1e6:.0f}M params, state "
+                  f"{size_of(state)}) under {limit.how}"
+                  + (f" = {size_of(limit_bytes)}" if limit_bytes else "") + " ...", flush=True)
+            big = train(layers, args.d_model, args.heads, args.precision, runs / "big", offload=eps_dir,
+                        window=args.window, limit=limit)
+            cgroup_peak, ooms = limit.peak(), limit.oom_kills()
+        finally:
+            limit.close()
+        shutil.rmtree(eps_dir, ignore_errors=True)
+        shutil.rmtree(runs / "big", ignore_errors=True)
+        times = {}
+        for name, offload in (("in memory", None), ("disk tier", eps_dir)):
+            print(f"{small_layers} x d{small_d} fp32, {name} ...", flush=True)
+            r = train(small_layers, small_d, max(1, small_d // 64), "fp32", runs / name.replace(" ", "-"),
+                      offload=offload, steps=4)
+            times[name] = statistics.median(r["step_times"][1:] or r["step_times"])
+            shutil.rmtree(eps_dir, ignore_errors=True)
+            shutil.rmtree(runs / name.replace(" ", "-"), ignore_errors=True)
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    s, samples = big["summary"], big["samples"]
+    steps = len(big["step_times"])
+    step_s = statistics.median(big["step_times"][1:] or big["step_times"])
+    per_step = 2 * state  # every file read once and written once
+    row = {
+        "layers": layers, "d_model": args.d_model, "heads": args.heads, "precision": args.precision,
+        "window": args.window, "params": s["params"], "state_file_bytes": state, "limit_bytes": limit_bytes,
+        "limit_how": limit.how, "cgroup_peak_bytes": cgroup_peak, "cgroup_oom_or_failcnt": ooms,
+        "host_peak_bytes": s["host_peak_bytes"], "vmhwm_bytes": max((x[3] for x in samples), default=None),
+        "host_runtime_bytes": s["host_runtime_bytes"], "steps": steps, "step_times": big["step_times"],
+        "step_s": step_s, "read_bytes": samples[-1][1] if samples else None,
+        "write_bytes": samples[-1][2] if samples else None, "traffic_per_step_bytes": per_step,
+        "tier_bytes_per_s": per_step / step_s,
+        "busiest_read_bytes_per_s": busiest(samples, 1), "busiest_write_bytes_per_s": busiest(samples, 2),
+        "disk_read_bytes_per_s": disk.read_bytes_per_s, "disk_write_bytes_per_s": disk.write_bytes_per_s,
+        "disk_direct": disk.direct, "small": f"{small_layers} x d{small_d}", "small_step_s": times,
+        "run_s": big["run_s"], "bench_s": time.perf_counter() - t_start,
+    }
+    command = " ".join(["l2l bench offload", *argv])
+    table = markdown(row, command)
+    save_results(args.out, "offload", {"command": command, "row": row}, table)
+    results = args.results if args.results is not None else ("" if args.quick else "docs/results.md")
+    if results and Path(results).exists():
+        from .suite import regenerate_section
+        regenerate_section(Path(results), table, begin=BEGIN, end=END)
+    return 0
+
+
+def markdown(r: dict, command: str) -> str:
+    g = lambda n: f"{n / 2**30:.2f} GiB" if n is not None else "—"  # noqa: E731
+    rate = lambda n: f"{n / 1e9:.2f} GB/s"  # noqa: E731
+    small = r["small_step_s"]
+    limit = (f"{g(r['limit_bytes'])} ({r['limit_how']}); state / limit = "
+             f"{r['state_file_bytes'] / r['limit_bytes']:.2f}" if r["limit_bytes"] else "none (--quick)")
+    lines = [
+        "### The EPS disk tier under a memory limit",
+        "",
+        f"`{command}`: GPT {r['layers']} x d{r['d_model']}, {r['heads']} heads ({r['params'] / 1e6:.0f}M params), "
+        f"{r['precision']}, seq 64, batch 2, {r['steps']} steps, `--plan off`, `--eps-offload-window "
+        f"{r['window']}`, on the CPU; one `l2l train` in a memory cgroup of its own. This box has 24 GiB of RAM "
+        "and a few GiB of free disk, so the state cannot be 1.5x the RAM: the run's memory limit stands for "
+        "the machine's RAM, and the model is sized from the free disk space (the state files and the final "
+        "checkpoint must both fit). The disk's bandwidth is the planner's probe (`l2l plan --eps-offload`) "
+        "in the same directory, the same run; the bytes moved are `/proc/PID/io` of the run.",
+        "",
+        "| figure | value |", "|---|---:|",
+        f"| EPS state files (p, m, v; headers, padding) | {g(r['state_file_bytes'])} |",
+        f"| memory limit | {limit} |",
+        f"| peak resident set: summary `host_peak_bytes` / `VmHWM` seen from /proc | {g(r['host_peak_bytes'])} / "
+        f"{g(r['vmhwm_bytes'])} |",
+        f"| peak / state | {r['host_peak_bytes'] / r['state_file_bytes']:.0%} (above the idle process "
+        f"{g(r['host_runtime_bytes'])}: {(r['host_peak_bytes'] - r['host_runtime_bytes']) / r['state_file_bytes']:.0%}) |",
+        f"| cgroup peak (page cache included) | {g(r['cgroup_peak_bytes'])} |",
+        f"| step time, median of steps 2.. | {r['step_s']:.2f} s |",
+        f"| tier traffic per step (every file read and written once) | {g(r['traffic_per_step_bytes'])} |",
+        f"| bytes read / written by the run (/proc/PID/io, whole run) | {g(r['read_bytes'])} / {g(r['write_bytes'])} |",
+        f"| tier throughput over the step (traffic / step time) | {rate(r['tier_bytes_per_s'])} |",
+        f"| busiest second of the run: read / write | {rate(r['busiest_read_bytes_per_s'])} / "
+        f"{rate(r['busiest_write_bytes_per_s'])} |",
+        f"| disk probe, sequential O_DIRECT: read / write | {rate(r['disk_read_bytes_per_s'])} / "
+        f"{rate(r['disk_write_bytes_per_s'])} |",
+        f"| busiest second / probe: read / write | {r['busiest_read_bytes_per_s'] / r['disk_read_bytes_per_s']:.0%} / "
+        f"{r['busiest_write_bytes_per_s'] / r['disk_write_bytes_per_s']:.0%} |",
+        f"| {r['small']} fp32 step time: in memory / disk tier | {small['in memory']:.2f} s / "
+        f"{small['disk tier']:.2f} s ({small['disk tier'] / small['in memory'] - 1:+.0%}) |",
+        "",
+        f"Whole benchmark: {r['bench_s'] / 60:.1f} min.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,269 @@
+"""The planner's model of the EPS disk tier (``--eps-offload DIR``, docs/disk-tier.md).
+
+With the tier, each EPS entry's ``p, m, v`` live in a file (``eps/disk_tier.py``) that
+is read once and written once per step: the traffic is twice the files' size, 24 bytes
+a parameter plus each file's header and padding. The tier reads the next entries of
+the update order (backward: descending entry numbers) while one entry updates and
+writes the previous one behind it, so the I/O hides under the backward compute of the
+entry in between. This module counts the files (:func:`entry_numels`), measures the
+disk where they will live (:func:`probe_disk`: the tier's own O_DIRECT I/O), replays
+the overlap slot by slot (:func:`overlap`) and gives the host memory the tier leaves
+(:func:`host_bytes_with_tier`): the 12 bytes a parameter of state leave memory, a
+window of ``2N + 1`` entries of the largest size comes in.
+
+The overlap, per slot: while entry ``e_k`` (the k-th in update order) has its backward
+computed and is updated, the disk reads ``e_{k+1}`` and writes ``e_{k-1}``; the
+forward pass hosts the write of the step's last entry and the read of the next step's
+first. The reads and writes share one disk, so a slot's I/O time is the sum of both
+at the measured read and write bandwidths; what exceeds the slot's compute is exposed
+(the update waits for its read, or the write queue for its oldest write). A wider
+window (``N > 1``) can move I/O from a short slot to an idle one earlier; the model
+does not count that, so it errs on the exposed side.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import UserError
+from ..eps.disk_tier import FREE_BYTES_ENV, DiskTier, file_bytes
+from .model import Prediction
+from .shapes import EPS_STATE_BYTES, layer_shapes, with_model_shape
+
+PROBE_BYTES = 256 << 20  # each way: long enough to pass any drive cache's burst, short enough to wait for
+
+
+# ---------------------------------------------------------------- the files
+
+def entry_numels(cfg: TrainConfig) -> dict[int, int]:
+    """The EPS entries with parameters and their sizes, numbered as the relay numbers them:
+    one per layer (its own parameters), then one per shared (tied) parameter. The built-in
+    GPT by formula (no tied weights); any other family counted on the stack built on the
+    meta device, as ``build.offload_tier`` counts the real one."""
+    cfg = with_model_shape(cfg)
+    if cfg.model == "gpt":
+        return {i: s.params for i, s in enumerate(layer_shapes(cfg))}
+    import torch
+
+    from ..models import build_stack
+    with torch.device("meta"):
+        stack = build_stack(cfg.model_config(), 0)
+    return {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
+
+
+def state_file_bytes(numels: dict[int, int]) -> int:
+    """What the state files take on disk: headers and padding included."""
+    return sum(file_bytes(n) for n in numels.values())
+
+
+def window_bytes(numels: dict[int, int], window: int) -> int:
+    """The tier's host memory at most: ``2N + 1`` file images of the largest entry."""
+    return (2 * window + 1) * max(file_bytes(n) for n in numels.values())
+
+
+def host_bytes_with_tier(p: Prediction, numels: dict[int, int], window: int) -> int:
+    """The prediction's host peak with the state on disk: less p, m, v, plus the window."""
+    return p.host_total_bytes - EPS_STATE_BYTES * p.params + window_bytes(numels, window)
+
+
+def free_bytes(directory: str | os.PathLike) -> int:
+    """Free bytes on the filesystem that holds (or will hold) ``directory``: its nearest
+    existing ancestor's. The tier's test hook ``L2L_TEST_EPS_OFFLOAD_FREE_BYTES`` rules
+    when set, as it does for the tier's own start-up check."""
+    override = os.environ.get(FREE_BYTES_ENV)
+    if override is not None:
+        return int(override)
+    path = Path(directory).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise UserError(f"--eps-offload {directory}: {path} is not a directory")
+    return shutil.disk_usage(path).free
+
+
+# ---------------------------------------------------------------- the disk's bandwidth
+
+@dataclass(frozen=True)
+class DiskRates:
+    """The disk's sequential bandwidth, bytes/s, as the tier moves data."""
+
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    measured: bool = False
+    direct: bool | None = None  # the probe's files took O_DIRECT (None: not probed)
+    probe_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.read_bytes_per_s > 0 and self.write_bytes_per_s > 0):
+            raise UserError("disk bandwidth must be positive")
+
+
+def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> DiskRates:
+    """Write and read ``nbytes`` in ``directory`` through the tier itself (``DiskTier``: the
+    same aligned buffers, ``pwritev``/``preadv`` chunks and O_DIRECT as a run) and time it.
+
+    One entry of that size is created (the tier's fallocate + write + rename), rewritten in
+    place (timed: a run rewrites its files in place) and read back (timed: O_DIRECT, so
+    from the disk, not the page cache). The probe's directory is removed after, and
+    ``directory`` too when the probe created it. A directory the tier refuses (not
+    creatable, not writable, too little space) is its one-line UserError."""
+    directory = Path(directory)
+    created = not directory.exists()
+    numel = max(1, nbytes // EPS_STATE_BYTES)
+    where = f"--eps-offload {directory}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)  # as the run would
+    except OSError as exc:
+        raise UserError(f"{where}: cannot create it ({exc.strerror or exc})") from None
+    if not directory.is_dir():
+        raise UserError(f"{where}: not a directory")
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".l2l-disk-probe-", dir=directory))
+    except OSError as exc:
+        raise UserError(f"{where}: not writable ({exc.strerror or exc})") from None
+    try:
+        tier = DiskTier(probe, uuid.uuid4().hex, {0: numel}, direct=True)
+        try:
+            slab = tier.slab(0)
+            slab.raw[4096:] = 1  # not zeros: nothing along the way may shortcut them
+            tier.store(slab)  # create the file (allocated, then written once)
+            t0 = time.perf_counter()
+            tier.store(slab)
+            write_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            tier.read(0)
+            read_s = time.perf_counter() - t0
+            direct = tier.uses_direct(0)
+            size = slab.raw.nbytes
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise UserError(f"{where}: no space for the disk probe ({size_of(nbytes)})") from None
+            raise UserError(f"{where}: the disk probe failed ({exc.strerror or exc})") from None
+        finally:
+            tier.close()
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+    return DiskRates(size / read_s, size / write_s, measured=True, direct=direct, probe_bytes=size)
+
+
+def size_of(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+# ---------------------------------------------------------------- the overlap
+
+@dataclass(frozen=True)
+class Slot:
+    """One stretch of the step the tier's I/O can hide under."""
+
+    name: str
+    compute_s: float
+    read_bytes: int
+    write_bytes: int
+
+
+def overlap(slots: list[Slot], rates: DiskRates) -> tuple[float, float, list[dict]]:
+    """(I/O seconds, exposed seconds, per slot detail): each slot's reads and writes at the
+    disk's rates, one after the other (one disk), against the slot's compute."""
+    io = exposed = 0.0
+    detail = []
+    for s in slots:
+        s_io = s.read_bytes / rates.read_bytes_per_s + s.write_bytes / rates.write_bytes_per_s
+        s_exposed = max(0.0, s_io - s.compute_s)
+        io += s_io
+        exposed += s_exposed
+        detail.append({**asdict(s), "io_s": s_io, "exposed_s": s_exposed})
+    return io, exposed, detail
+
+
+def slots_of(p: Prediction, numels: dict[int, int]) -> list[Slot]:
+    """The step's slots in update order (module docstring): each entry's backward (a shared
+    entry has none: it updates when its last contribution is in), then the forward."""
+    order = sorted(numels, reverse=True)
+    backward = {i: d["backward_s"] for i, d in enumerate(p.layers_detail)}
+    n = len(order)
+    slots = []
+    for k, e in enumerate(order):
+        read = file_bytes(numels[order[k + 1]]) if k + 1 < n else 0
+        write = file_bytes(numels[order[k - 1]]) if k else 0
+        slots.append(Slot(f"entry {e}", backward.get(e, 0.0), read, write))
+    slots.append(Slot("forward", p.forward_s, file_bytes(numels[order[0]]), file_bytes(numels[order[-1]])))
+    return slots
+
+
+@dataclass
+class DiskPlan:
+    """The tier's figures for one step. Times in seconds, sizes in bytes."""
+
+    directory: str
+    window: int
+    entries: int
+    params: int
+    state_file_bytes: int        # the files on disk, headers and padding included
+    traffic_bytes: int           # per step: every file read once and written once
+    free_bytes: int              # on DIR's filesystem
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    measured: bool
+    direct: bool | None
+    io_s: float                  # the disk busy per step
+    exposed_s: float             # what the I/O adds to the step
+    hidden_share: float
+    step_s: float                # the prediction's step plus the exposed I/O
+    window_bytes: int            # the entries in memory at once
+    host_total_bytes: int        # the host peak with the tier
+    host_total_in_memory_bytes: int  # the same run with the state in memory
+    slots: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | None = None) -> DiskPlan:
+    """The tier's traffic, its time against the backward compute, and the host memory
+    with it, for ``cfg`` predicted as ``p``."""
+    numels = entry_numels(cfg)
+    files = state_file_bytes(numels)
+    io, exposed, detail = overlap(slots_of(p, numels), rates)
+    return DiskPlan(
+        directory=str(cfg.eps_offload), window=cfg.eps_offload_window, entries=len(numels),
+        params=sum(numels.values()), state_file_bytes=files, traffic_bytes=2 * files,
+        free_bytes=free_bytes(cfg.eps_offload) if free is None else free,
+        read_bytes_per_s=rates.read_bytes_per_s, write_bytes_per_s=rates.write_bytes_per_s,
+        measured=rates.measured, direct=rates.direct, io_s=io, exposed_s=exposed,
+        hidden_share=1.0 if io == 0 else 1.0 - exposed / io, step_s=p.step_s + exposed,
+        window_bytes=window_bytes(numels, cfg.eps_offload_window),
+        host_total_bytes=host_bytes_with_tier(p, numels, cfg.eps_offload_window),
+        host_total_in_memory_bytes=p.host_total_bytes, slots=detail)
+
+
+def format_disk(d: DiskPlan) -> str:
+    """The disk tier's lines of ``l2l plan``."""
+    how = ("measured" + (", O_DIRECT" if d.direct else ", buffered (no O_DIRECT here)") if d.measured
+           else "given")
+    fits = "fits" if d.state_file_bytes <= d.free_bytes else "DOES NOT FIT"
+    per_param = d.traffic_bytes / d.params
+    return "\n".join([
+        f"disk tier (--eps-offload {d.directory}, window {d.window}: {2 * d.window + 1} entries in memory)",
+        f"{'  state files':<26}{size_of(d.state_file_bytes):>14}   {d.entries} entries; {size_of(d.free_bytes)} "
+        f"free there: {fits}",
+        f"{'  traffic per step':<26}{size_of(d.traffic_bytes):>14}   read once + written once "
+        f"({per_param:.2f} bytes/param with headers and padding)",
+        f"{'  disk bandwidth':<26}{'':>14}   read {d.read_bytes_per_s / 1e9:.2f} GB/s, write "
+        f"{d.write_bytes_per_s / 1e9:.2f} GB/s ({how})",
+        f"{'  disk I/O per step':<26}{d.io_s:10.3f} s   {d.hidden_share:.0%} hidden under backward, "
+        f"exposed {d.exposed_s:.3f} s",
+        f"{'  step with the tier':<26}{d.step_s:10.3f} s",
+        f"{'  host memory with tier':<26}{size_of(d.host_total_bytes):>14}   in memory: "
+        f"{size_of(d.host_total_in_memory_bytes)}; less {EPS_STATE_BYTES} bytes/param of state, plus the "
+        f"window {size_of(d.window_bytes)}",
+    ])

@@ -1,0 +1,116 @@
+"""The planner's disk tier (``l2l plan --eps-offload DIR``): the traffic against the real
+stack's entries, the I/O hidden under compute on hand-built slots, the host memory with
+the window, the command line, and ``--fit`` against DIR's free space."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from l2l.config import TrainConfig
+from l2l.models import build_stack
+from l2l.planner import Rates, predict
+from l2l.planner.disk import DiskRates, Slot, entry_numels, overlap, plan_disk, probe_disk
+
+from conftest import run_cli
+
+RATES = Rates(flops_per_s=1e10, link_bytes_per_s=None, runtime_bytes=200 << 20)
+GIVEN = ["--flops", "1e10", "--eps-rate", "5e8", "--link-gbps", "0"]  # no rate measured: fast
+
+
+def _padded(n: int) -> int:
+    """One of p, m, v in a state file, by hand: 4 bytes an element, up to a 4 KiB block."""
+    return math.ceil(4 * n / 4096) * 4096
+
+
+@pytest.mark.parametrize("model", ["gpt", "hf-gpt2"])
+def test_traffic_is_24_bytes_a_param_plus_padding_of_the_real_entries(model, tmp_path):
+    cfg = TrainConfig(model=model, layers=2, d_model=32, heads=2, seq_len=16, eps_offload=str(tmp_path))
+    stack = build_stack(cfg.model_config(), 0)
+    real = [stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0]
+    assert sorted(entry_numels(cfg).values()) == sorted(real)
+    d = plan_disk(cfg, predict(cfg, RATES), DiskRates(1e9, 1e9), free=1 << 40)
+    padding = sum(2 * (4096 + 3 * (_padded(n) - 4 * n)) for n in real)  # header + padding, read and written
+    assert d.traffic_bytes == 24 * sum(real) + padding
+    assert d.params == sum(real)
+
+
+def test_io_all_hidden_when_compute_is_long():
+    slots = [Slot(f"e{k}", 1.0, 100 << 20, 100 << 20) for k in range(4)]
+    io, exposed, _ = overlap(slots, DiskRates(1e9, 1e9))
+    assert io == pytest.approx(4 * 2 * (100 << 20) / 1e9)
+    assert exposed == 0.0
+
+
+def test_io_exposed_is_io_less_compute_when_compute_is_short():
+    slots = [Slot(f"e{k}", 0.001, 1 << 30, 1 << 30) for k in range(4)]
+    io, exposed, detail = overlap(slots, DiskRates(2e9, 1e9))
+    assert io == pytest.approx(4 * ((1 << 30) / 2e9 + (1 << 30) / 1e9))
+    assert exposed == pytest.approx(io - 4 * 0.001)
+    assert [s["exposed_s"] for s in detail] == pytest.approx([io / 4 - 0.001] * 4)
+
+
+def test_plan_hides_io_under_backward_and_drops_the_state_from_host(tmp_path):
+    cfg = TrainConfig(layers=8, d_model=256, heads=4, seq_len=64, batch_size=8, micro_batches=1,
+                      eps_offload=str(tmp_path), eps_offload_window=3)
+    p = predict(cfg, RATES)
+    fast = plan_disk(cfg, p, DiskRates(1e12, 1e12), free=1 << 40)
+    slow = plan_disk(cfg, p, DiskRates(1e6, 1e6), free=1 << 40)
+    # the embedding's backward has no matmul: only its slot shows the fast disk, for microseconds
+    assert fast.exposed_s < 1e-4 * p.step_s and fast.step_s == pytest.approx(p.step_s, rel=1e-4)
+    assert slow.exposed_s > 0.9 * slow.io_s and slow.step_s == pytest.approx(p.step_s + slow.exposed_s)
+    assert slow.io_s == pytest.approx(slow.traffic_bytes / 1e6)  # every byte once, at 1 MB/s
+    block = 12 * 256 ** 2 + 13 * 256
+    largest = 4096 + 3 * _padded(block)
+    assert fast.window_bytes == 7 * largest
+    assert fast.host_total_bytes == p.host_total_bytes - 12 * p.params + 7 * largest
+
+
+def test_probe_measures_through_the_tier_and_leaves_nothing(tmp_path):
+    where = tmp_path / "new"
+    rates = probe_disk(where, 8 << 20)
+    assert rates.measured and rates.read_bytes_per_s > 0 and rates.write_bytes_per_s > 0
+    assert rates.probe_bytes >= 8 << 20
+    assert not where.exists()  # created for the probe, removed after
+    (tmp_path / "kept").mkdir()
+    probe_disk(tmp_path / "kept", 1 << 20)
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_plan_command_prints_the_disk_lines(tmp_path):
+    run = run_cli("plan", "--eps-offload", str(tmp_path / "eps"), *GIVEN)
+    assert run.returncode == 0, run.stderr
+    for line in ("disk tier (--eps-offload", "traffic per step", "disk bandwidth", "measured",
+                 "disk I/O per step", "hidden under backward", "host memory with tier"):
+        assert line in run.stdout
+    run = run_cli("plan", "--eps-offload", str(tmp_path / "eps"), *GIVEN, "--disk-read-gbps", "1",
+                  "--disk-write-gbps", "0.5", "--json")
+    assert run.returncode == 0, run.stderr
+    disk = json.loads(run.stdout)["disk"]
+    assert disk["read_bytes_per_s"] == 1e9 and disk["write_bytes_per_s"] == 5e8 and not disk["measured"]
+    assert disk["traffic_bytes"] == 2 * disk["state_file_bytes"]
+
+
+def test_a_bad_dir_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    run = run_cli("plan", "--eps-offload", str(tmp_path / "file" / "eps"), *GIVEN)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "--eps-offload" in run.stderr and "cannot create" in run.stderr
+
+
+def test_fit_with_the_tier_is_bound_by_the_disk(tmp_path):
+    free = 3 << 30
+    run = run_cli("plan", "--fit", "--eps-offload", str(tmp_path / "eps"), "--host-memory", "64", "--d-model",
+                  "512", "--heads", "8", "--json", env={"L2L_TEST_EPS_OFFLOAD_FREE_BYTES": str(free)})
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["binding"] == "disk" and doc["disk_limit_bytes"] == free
+    assert doc["disk_bytes"] <= free < doc["next"]["disk_bytes"]
+    assert doc["next"]["over"] == ["disk"]
+    assert "--eps-offload" in doc["train"]
+    # the state's 12 bytes a parameter are off the host figure: 64 GiB of host would hold far less in memory
+    assert doc["host_bytes"] < 12 * doc["params"]
+    text = run_cli("plan", "--fit", "--eps-offload", str(tmp_path / "eps"), "--host-memory", "64", "--d-model",
+                   "512", "--heads", "8", env={"L2L_TEST_EPS_OFFLOAD_FREE_BYTES": str(free)})
+    assert text.returncode == 0 and "disk:" in text.stdout and "<- binds" in text.stdout.split("disk:")[1]
