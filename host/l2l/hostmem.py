@@ -105,6 +105,15 @@ class HeapTrimmer:
         info = self._libc.mallinfo2()
         return memory_status().get("RssAnon", 0) - int(info.uordblks) - int(info.hblkhd)
 
+    def trim(self) -> None:
+        """Trim now, and measure from here: once the model is built, what reading the data, the
+        planner's measurements and the initial weights left free goes back before training."""
+        if self._libc is None:
+            return
+        self._libc.malloc_trim(0)
+        self.trims += 1
+        self._after = self.resident_free()
+
     def __call__(self) -> bool:
         """Trim if the resident free memory grew by the slack since the last trim; True when it trimmed."""
         if self._libc is None:
@@ -118,9 +127,7 @@ class HeapTrimmer:
             self._measuring = False
         if free - self._after < max(self.slack, 2 * self._refault):
             return False
-        self._libc.malloc_trim(0)
-        self.trims += 1
-        self._after = self.resident_free()
+        self.trim()
         self._measuring = True
         return True
 

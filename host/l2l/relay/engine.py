@@ -117,6 +117,7 @@ class RelayEngine:
         self._store: BoundaryStore | None = None  # the running step's stash (None between steps)
         self.boundary_hooks: list[Callable[[RelayEngine, str, int], None]] = []
         self.heap_trimmer = HeapTrimmer()  # the host heap's holes, handed back between layers
+        self.heap_trimmer.trim()  # and the build's, now
 
     # ------------------------------------------------------------ weights
     def _prefetch(self, i: int) -> None:
