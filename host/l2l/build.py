@@ -11,7 +11,9 @@ from .baseline import PlainEngine
 from .config import TrainConfig
 from .engine import Engine
 from .eps import AdamWHyper, EagerParamServer, make_backend
-from .eps.disk_tier import DiskTier
+from .eps.copy_window import DiskCopies
+from .eps.disk_tier import DiskTier, copy_layout
+from .eps.numerics import COPY_DTYPES
 from .eps.offload_backend import OffloadedBackend
 from .errors import UserError
 from .models import LayerStack, build_stack
@@ -39,9 +41,19 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
 
 def offload_tier(cfg: TrainConfig, stack: LayerStack, run_id: str) -> DiskTier:
     """The disk tier of ``--eps-offload`` for ``stack``'s EPS entries (those with parameters),
-    its directory checked: nothing in it is changed yet."""
+    its directory checked: nothing in it is changed yet. With ``--eps-offload-copies`` the
+    copies' files are checked too (free space for both)."""
     numels = {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
-    return DiskTier(cfg.eps_offload, run_id, numels)
+    tier = DiskTier(cfg.eps_offload, run_id, numels)
+    if cfg.eps_offload_copies:
+        copy_tier(cfg, tier)
+    return tier
+
+
+def copy_tier(cfg: TrainConfig, state: DiskTier) -> DiskTier:
+    """The files of the device copies (``--eps-offload-copies``), beside ``state``'s."""
+    return DiskTier(cfg.eps_offload, state.run_id, state.numels, layout=copy_layout(COPY_DTYPES[cfg.precision]),
+                    also_needs=state.total_bytes())
 
 
 def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, rank: int = 0,
@@ -60,13 +72,18 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
                            micro_batches=cfg.micro_batches if cfg.accumulate else 1)
     devices = worker_devices(device, cfg.devices)
     transports = make_transports(devices)
+    if cfg.eps_offload_copies and device.type == "cuda":
+        raise UserError("--eps-offload-copies is not supported with --device cuda yet (docs/disk-tier.md)")
     backend = make_backend(cfg.eps, **cfg.eps_options())
+    copies = None
     if cfg.eps_offload is not None:
         if world > 1:
             backend.close()
             raise UserError(OFFLOAD_MACHINES)
         try:
             tier = offload_tier(cfg, stack, offload_run or uuid.uuid4().hex)
+            if cfg.eps_offload_copies:
+                copies = DiskCopies(copy_tier(cfg, tier), window=cfg.eps_offload_window)
         except BaseException:
             backend.close()
             raise
@@ -75,7 +92,7 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
                            copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
                            host_alloc=transports[0].host_alloc,
                            all_reduce=distributed.cross_machine_reduce() if world > 1 else None,
-                           share_masters=device.type == "cpu")
+                           share_masters=device.type == "cpu", copies=copies)
     m = cfg.micro_batches // world
     if cfg.devices == 1:
         return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,

@@ -52,6 +52,7 @@ class TrainConfig:
     cl_binary: str | None = None    # OpenCL EPS: precompiled program (.xclbin/.aocx/PoCL binary)
     eps_offload: str | None = None  # directory for the EPS state files (docs/disk-tier.md); None: in memory
     eps_offload_window: int = 2     # --eps-offload: entries read ahead of the updates (and written behind)
+    eps_offload_copies: bool = False  # --eps-offload: the device copies in files too, read ahead in fetch order
     engine: str = "l2l"
     devices: int = 1  # relay workers in this box (GPUs, or CPU workers), one EPS contribution each
     check_every: int = 50  # steps between master-weight checksums across machines (torchrun)
@@ -120,6 +121,10 @@ class TrainConfig:
         need(self.eps_offload is None or self.engine == "l2l",
              "--eps-offload applies to --engine l2l (the plain baseline has no EPS)")
         need(self.eps_offload is None or self.eps_offload.strip() != "", "--eps-offload needs a directory")
+        need(not self.eps_offload_copies or self.eps_offload is not None,
+             "--eps-offload-copies needs --eps-offload DIR")
+        need(not self.eps_offload_copies or self.device != "cuda",
+             "--eps-offload-copies is not supported with --device cuda yet (docs/disk-tier.md)")
         need(self.eps_offload_window >= 1, f"--eps-offload-window must be at least 1 (got {self.eps_offload_window})")
         need(self.engine in ENGINES, f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         need(self.device in DEVICES, f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")

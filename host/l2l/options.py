@@ -82,6 +82,8 @@ EPS = (
            "host memory, read ahead of the updates and written behind them (docs/disk-tier.md; default: in memory)"),
     Option("--eps-offload-window", "with --eps-offload: layers read ahead of the updates, and at most as many "
            "waiting to be written (default %(default)s)", int),
+    Option("--eps-offload-copies", "with --eps-offload: keep the device copies of the weights in files there too, "
+           "a few read ahead in fetch order (default: in memory; not with --device cuda yet)", action="store_true"),
 )
 OPTIMIZER = (
     Option("--steps", "optimizer steps (default %(default)s)", int),

@@ -170,9 +170,9 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     # the forecast before the model: its fixed host cost is what the process holds now, and
     # what its measurements allocate is reused by the EPS instead of adding to the peak;
     # under torchrun the others would wait on rank 0's calibration: plan only when asked.
-    # The planner knows no disk tier: it forecasts the EPS in memory (docs/disk-tier.md)
+    # With --eps-offload the host figure is the disk model's (planner/forecast.py)
     plan_mode = cfg.plan_mode if world == 1 or cfg.plan else "off"
-    plan = forecast(replace(cfg, eps_offload=None), device, plan_mode) \
+    plan = forecast(cfg, device, plan_mode) \
         if saved is None or saved.step < cfg.steps else None
     distributed.barrier()
     engine = build_engine(cfg, stack, device, rank=rank, world=world, offload_run=offload_run)

@@ -2,11 +2,12 @@
 
 The question: does a run whose EPS state is at least 1.5x the memory it may use train,
 with a small resident set, at the disk's bandwidth? This box cannot hold such a state
-against its whole RAM (24 GiB RAM, a few GiB of free disk), so the run gets a memory
-limit instead: ``l2l train`` runs in a memory cgroup of its own (v2 ``memory.max`` or
-v1 ``memory.limit_in_bytes``; we are root) and "the machine's RAM" of the criterion is
-that limit. The model is sized from the free disk space (the state files and the final
-checkpoint must both fit), the limit from the state.
+against its whole RAM (24 GiB), so the run gets a memory limit instead: ``l2l train`` runs
+in a memory cgroup of its own (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``; we are
+root) and "the machine's RAM" of the criterion is that limit, the state / 1.5. The
+defaults (20 x d1024 fp32, 252M params, 2.8 GiB of state; ``--eps-offload-copies``, so
+the device copies are on disk too) finish in a few minutes on two CPU cores: bf16
+matmuls are several times slower than fp32 on this CPU.
 
 Measured, from outside the run (``eps/`` is not instrumented): the peak resident set
 (the run's ``summary.json`` ``host_peak_bytes`` and ``VmHWM`` read from ``/proc`` while
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..eps.disk_tier import copy_layout
+from ..eps.numerics import COPY_DTYPES
 from ..errors import UserError
 from ..options import Parser
 from ..planner.disk import entry_numels, probe_disk, size_of, state_file_bytes
@@ -35,7 +38,6 @@ from .output import save_results
 
 BEGIN = "<!-- l2l bench offload: begin -->"
 END = "<!-- l2l bench offload: end -->"
-STATE_SHARE_OF_FREE = 0.35  # the state files, and again the final checkpoint, with room to spare
 RAM_RATIO = 1.5             # the state is this many times the memory limit
 
 
@@ -45,13 +47,11 @@ def _parser() -> Parser:
     p.add_argument("--dir", default=None, help="directory for the state files (default: a new one in the temp dir)")
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--layers", type=int, default=None,
-                   help=f"blocks of the large model (default: its state files take {STATE_SHARE_OF_FREE:.0%} of "
-                        "the free disk space, at most 6 GiB)")
-    p.add_argument("--precision", default="bf16",
-                   help="of the large model (default bf16: the device copies stay in memory, and in fp32 they "
-                        "alone are a third of the state)")
-    p.add_argument("--window", type=int, default=1, help="--eps-offload-window of the large model")
+    p.add_argument("--layers", type=int, default=20, help="blocks of the large model")
+    p.add_argument("--precision", default="fp32", help="of the large model")
+    p.add_argument("--copies-in-memory", action="store_true",
+                   help="the large model's device copies stay in memory (default: --eps-offload-copies)")
+    p.add_argument("--window", type=int, default=2, help="--eps-offload-window of the large model")
     p.add_argument("--small", default="8x1024", help="LAYERSxD_MODEL timed with and without the tier")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--results", default=None,
@@ -146,7 +146,7 @@ def _watch(pid: int, samples: list, stop: threading.Event) -> None:
 
 
 def train(layers: int, d_model: int, heads: int, precision: str, out: Path, *, offload: Path | None = None,
-          window: int = 2, limit: MemoryLimit | None = None, steps: int = 2) -> dict:
+          window: int = 2, copies: bool = False, limit: MemoryLimit | None = None, steps: int = 2) -> dict:
     """One ``l2l train`` in a process of its own; its summary, step times and /proc samples."""
     cmd = [sys.executable, "-m", "l2l", "train", "--layers", str(layers), "--d-model", str(d_model),
            "--heads", str(heads), "--seq-len", "64", "--batch-size", "2", "--micro-batches", "1",
@@ -154,6 +154,7 @@ def train(layers: int, d_model: int, heads: int, precision: str, out: Path, *, o
            "--plan", "off", "--no-plot", "--out", str(out)]
     if offload is not None:
         cmd += ["--eps-offload", str(offload), "--eps-offload-window", str(window)]
+        cmd += ["--eps-offload-copies"] if copies else []
     samples: list = []
     stop = threading.Event()
     t0 = time.perf_counter()
@@ -188,13 +189,16 @@ def busiest(samples: list, column: int, span: float = 1.0) -> float:
 
 # ---------------------------------------------------------------- the benchmark
 
-def _layers_for(d_model: int, heads: int, free: int) -> int:
-    """The most blocks whose state files take at most STATE_SHARE_OF_FREE of ``free``, at most 6 GiB."""
-    target = min(6 << 30, int(STATE_SHARE_OF_FREE * free))
-    files = lambda n: state_file_bytes(entry_numels(TrainConfig(layers=n, d_model=d_model, heads=heads,
-                                                                seq_len=64)))
-    per_block = files(2) - files(1)
-    return max(1, (target - files(0 + 1) + per_block) // per_block)
+def traffic(numels: dict[int, int], copy_dtype: str | None) -> tuple[int, int]:
+    """(bytes read, bytes written) by the tier in one training step: every state file read
+    and written once; with the copies on disk, every copy file read twice (forward and
+    backward fetch) and written once (the update)."""
+    state = state_file_bytes(numels)
+    if copy_dtype is None:
+        return state, state
+    lay = copy_layout(COPY_DTYPES[copy_dtype])
+    copies = sum(lay.file_bytes(n) for n in numels.values())
+    return state + 2 * copies, state + copies
 
 
 def run_offload_bench(argv: list[str]) -> int:
@@ -205,10 +209,15 @@ def run_offload_bench(argv: list[str]) -> int:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="l2l-bench-offload-"))
     eps_dir, runs = base / "eps", base / "runs"
     free = shutil.disk_usage(base if base.exists() else base.parent).free
-    layers = args.layers or _layers_for(args.d_model, args.heads, free)
+    layers = args.layers
+    copies = not args.copies_in_memory
     cfg = TrainConfig(layers=layers, d_model=args.d_model, heads=args.heads, seq_len=64)
     numels = entry_numels(cfg)
     state = state_file_bytes(numels)
+    read_step, write_step = traffic(numels, args.precision if copies else None)
+    if 2 * write_step > free:  # the state and copy files, then the final checkpoint (p, m, v) beside them
+        raise UserError(f"l2l bench offload: {layers} x d{args.d_model} needs about {size_of(2 * write_step)} free "
+                        f"there, {size_of(free)} is free")
     limit_bytes = None if args.quick else int(state / RAM_RATIO)
     t_start = time.perf_counter()
     try:
@@ -222,17 +231,18 @@ def run_offload_bench(argv: list[str]) -> int:
                   f"{size_of(state)}) under {limit.how}"
                   + (f" = {size_of(limit_bytes)}" if limit_bytes else "") + " ...", flush=True)
             big = train(layers, args.d_model, args.heads, args.precision, runs / "big", offload=eps_dir,
-                        window=args.window, limit=limit)
+                        window=args.window, copies=copies, limit=limit)
             cgroup_peak, ooms = limit.peak(), limit.oom_kills()
         finally:
             limit.close()
         shutil.rmtree(eps_dir, ignore_errors=True)
         shutil.rmtree(runs / "big", ignore_errors=True)
         times = {}
-        for name, offload in (("in memory", None), ("disk tier", eps_dir)):
+        for name, offload, on_disk in (("in memory", None, False), ("disk tier", eps_dir, False),
+                                       ("disk tier + copies", eps_dir, True)):
             print(f"{small_layers} x d{small_d} fp32, {name} ...", flush=True)
             r = train(small_layers, small_d, max(1, small_d // 64), "fp32", runs / name.replace(" ", "-"),
-                      offload=offload, steps=4)
+                      offload=offload, copies=on_disk, steps=4)
             times[name] = statistics.median(r["step_times"][1:] or r["step_times"])
             shutil.rmtree(eps_dir, ignore_errors=True)
             shutil.rmtree(runs / name.replace(" ", "-"), ignore_errors=True)
@@ -242,16 +252,19 @@ def run_offload_bench(argv: list[str]) -> int:
     s, samples = big["summary"], big["samples"]
     steps = len(big["step_times"])
     step_s = statistics.median(big["step_times"][1:] or big["step_times"])
-    per_step = 2 * state  # every file read once and written once
+    per_step = read_step + write_step
+    # the share of the step the disk would be busy moving that traffic at the probe's rates
+    busy = (read_step / disk.read_bytes_per_s + write_step / disk.write_bytes_per_s) / step_s
     row = {
         "layers": layers, "d_model": args.d_model, "heads": args.heads, "precision": args.precision,
-        "window": args.window, "params": s["params"], "state_file_bytes": state, "limit_bytes": limit_bytes,
+        "window": args.window, "copies_on_disk": copies, "params": s["params"], "state_file_bytes": state, "limit_bytes": limit_bytes,
         "limit_how": limit.how, "cgroup_peak_bytes": cgroup_peak, "cgroup_oom_or_failcnt": ooms,
         "host_peak_bytes": s["host_peak_bytes"], "vmhwm_bytes": max((x[3] for x in samples), default=None),
         "host_runtime_bytes": s["host_runtime_bytes"], "steps": steps, "step_times": big["step_times"],
         "step_s": step_s, "read_bytes": samples[-1][1] if samples else None,
         "write_bytes": samples[-1][2] if samples else None, "traffic_per_step_bytes": per_step,
-        "tier_bytes_per_s": per_step / step_s,
+        "read_per_step_bytes": read_step, "write_per_step_bytes": write_step,
+        "tier_bytes_per_s": per_step / step_s, "disk_busy_share": busy,
         "busiest_read_bytes_per_s": busiest(samples, 1), "busiest_write_bytes_per_s": busiest(samples, 2),
         "disk_read_bytes_per_s": disk.read_bytes_per_s, "disk_write_bytes_per_s": disk.write_bytes_per_s,
         "disk_direct": disk.direct, "small": f"{small_layers} x d{small_d}", "small_step_s": times,
@@ -271,18 +284,24 @@ def markdown(r: dict, command: str) -> str:
     g = lambda n: f"{n / 2**30:.2f} GiB" if n is not None else "—"  # noqa: E731
     rate = lambda n: f"{n / 1e9:.2f} GB/s"  # noqa: E731
     small = r["small_step_s"]
+    base = small["in memory"]
     limit = (f"{g(r['limit_bytes'])} ({r['limit_how']}); state / limit = "
              f"{r['state_file_bytes'] / r['limit_bytes']:.2f}" if r["limit_bytes"] else "none (--quick)")
+    copies = "`--eps-offload-copies` (the device copies on disk too)" if r["copies_on_disk"] else \
+        "the device copies in memory"
     lines = [
         "### The EPS disk tier under a memory limit",
         "",
         f"`{command}`: GPT {r['layers']} x d{r['d_model']}, {r['heads']} heads ({r['params'] / 1e6:.0f}M params), "
         f"{r['precision']}, seq 64, batch 2, {r['steps']} steps, `--plan off`, `--eps-offload-window "
-        f"{r['window']}`, on the CPU; one `l2l train` in a memory cgroup of its own. This box has 24 GiB of RAM "
-        "and a few GiB of free disk, so the state cannot be 1.5x the RAM: the run's memory limit stands for "
-        "the machine's RAM, and the model is sized from the free disk space (the state files and the final "
-        "checkpoint must both fit). The disk's bandwidth is the planner's probe (`l2l plan --eps-offload`) "
-        "in the same directory, the same run; the bytes moved are `/proc/PID/io` of the run.",
+        f"{r['window']}`, {copies}, the final checkpoint written at the end; on the CPU, one `l2l train` in a "
+        "memory cgroup of its own. The box has 24 GiB of RAM: the cgroup's limit stands for the machine's RAM "
+        "of the criterion. The disk's bandwidth is the planner's probe (`l2l plan --eps-offload`) in the same "
+        "directory, the same run. The tier's traffic per step is every state file read and written once and, "
+        "with the copies on disk, every copy file read twice (the forward's fetch and the backward's) and "
+        "written once; the disk's busy share is the time that traffic takes at the probe's rates "
+        "(read / read rate + written / write rate) over the step time: 100% would be a step bound by the disk "
+        "and nothing else.",
         "",
         "| figure | value |", "|---|---:|",
         f"| EPS state files (p, m, v; headers, padding) | {g(r['state_file_bytes'])} |",
@@ -291,19 +310,24 @@ def markdown(r: dict, command: str) -> str:
         f"{g(r['vmhwm_bytes'])} |",
         f"| peak / state | {r['host_peak_bytes'] / r['state_file_bytes']:.0%} (above the idle process "
         f"{g(r['host_runtime_bytes'])}: {(r['host_peak_bytes'] - r['host_runtime_bytes']) / r['state_file_bytes']:.0%}) |",
-        f"| cgroup peak (page cache included) | {g(r['cgroup_peak_bytes'])} |",
-        f"| step time, median of steps 2.. | {r['step_s']:.2f} s |",
-        f"| tier traffic per step (every file read and written once) | {g(r['traffic_per_step_bytes'])} |",
-        f"| bytes read / written by the run (/proc/PID/io, whole run) | {g(r['read_bytes'])} / {g(r['write_bytes'])} |",
+        f"| cgroup peak (page cache included) / OOM kills or failcnt | {g(r['cgroup_peak_bytes'])} / "
+        f"{r['cgroup_oom_or_failcnt']} |",
+        f"| step time: each step; median of steps 2.. | {', '.join(f'{t:.1f}' for t in r['step_times'])} s; "
+        f"{r['step_s']:.1f} s |",
+        f"| tier traffic per step: read / written | {g(r['read_per_step_bytes'])} / {g(r['write_per_step_bytes'])} |",
+        f"| bytes read / written by the run (/proc/PID/io, whole run incl. start-up and checkpoint) | "
+        f"{g(r['read_bytes'])} / {g(r['write_bytes'])} |",
         f"| tier throughput over the step (traffic / step time) | {rate(r['tier_bytes_per_s'])} |",
-        f"| busiest second of the run: read / write | {rate(r['busiest_read_bytes_per_s'])} / "
-        f"{rate(r['busiest_write_bytes_per_s'])} |",
         f"| disk probe, sequential O_DIRECT: read / write | {rate(r['disk_read_bytes_per_s'])} / "
         f"{rate(r['disk_write_bytes_per_s'])} |",
-        f"| busiest second / probe: read / write | {r['busiest_read_bytes_per_s'] / r['disk_read_bytes_per_s']:.0%} / "
-        f"{r['busiest_write_bytes_per_s'] / r['disk_write_bytes_per_s']:.0%} |",
-        f"| {r['small']} fp32 step time: in memory / disk tier | {small['in memory']:.2f} s / "
-        f"{small['disk tier']:.2f} s ({small['disk tier'] / small['in memory'] - 1:+.0%}) |",
+        f"| the disk's busy share of the step (at the probe's rates) | {r['disk_busy_share']:.0%} |",
+        f"| busiest second of the run: read / write (share of the probe) | "
+        f"{rate(r['busiest_read_bytes_per_s'])} ({r['busiest_read_bytes_per_s'] / r['disk_read_bytes_per_s']:.0%}) / "
+        f"{rate(r['busiest_write_bytes_per_s'])} ({r['busiest_write_bytes_per_s'] / r['disk_write_bytes_per_s']:.0%}) |",
+        f"| step time / params, at {2 * 64} tokens a step | {r['step_s'] / r['params'] * 1e9:.0f} ns |",
+        f"| {r['small']} fp32 step time: in memory / disk tier / disk tier + copies | {base:.2f} s / "
+        f"{small['disk tier']:.2f} s ({small['disk tier'] / base - 1:+.0%}) / {small['disk tier + copies']:.2f} s "
+        f"({small['disk tier + copies'] / base - 1:+.0%}) |",
         "",
         f"Whole benchmark: {r['bench_s'] / 60:.1f} min.",
     ]

@@ -34,6 +34,7 @@ import struct
 import threading
 import weakref
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -57,22 +58,52 @@ F32 = np.dtype("<f4")
 FREE_BYTES_ENV = "L2L_TEST_EPS_OFFLOAD_FREE_BYTES"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """One kind of entry file: its suffix, magic and manifest, and its regions (``regions``
+    arrays of ``dtype``, each padded to :data:`BLOCK`). The state files hold ``p, m, v``
+    (:data:`STATE`); with ``--eps-offload-copies`` the device copies have files of their own
+    (:func:`copy_layout`), checked and moved by the same code."""
+    suffix: str
+    magic: bytes
+    manifest: str
+    dtype: np.dtype
+    regions: int
+
+    def region_bytes(self, numel: int) -> int:
+        return -(-self.dtype.itemsize * numel // BLOCK) * BLOCK
+
+    def file_bytes(self, numel: int) -> int:
+        return BLOCK + self.regions * self.region_bytes(numel)
+
+    def file_name(self, entry: int) -> str:
+        return f"entry{entry:05d}.{self.suffix}"
+
+
+STATE = Layout("state", MAGIC, MANIFEST, F32, 3)
+
+
+def copy_layout(dtype) -> Layout:
+    """The files of the device copies (fp32, bf16 or fp16: the run's ``--precision``)."""
+    return Layout("copy", b"L2LCOPY1", "copies.json", np.dtype(dtype), 1)
+
+
 def region_bytes(numel: int) -> int:
     """Bytes of one of p, m, v in a state file: 4 a parameter, padded to :data:`BLOCK`."""
-    return -(-4 * numel // BLOCK) * BLOCK
+    return STATE.region_bytes(numel)
 
 
 def file_bytes(numel: int) -> int:
     """The size of an entry's state file."""
-    return BLOCK + 3 * region_bytes(numel)
+    return STATE.file_bytes(numel)
 
 
 def entry_file(entry: int) -> str:
-    return f"entry{entry:05d}.state"
+    return STATE.file_name(entry)
 
 
-def header(run_id: str, entry: int, numel: int) -> bytes:
-    fields = _FIELDS.pack(MAGIC, VERSION, run_id.encode("ascii"), entry, numel)
+def header(run_id: str, entry: int, numel: int, magic: bytes = MAGIC) -> bytes:
+    fields = _FIELDS.pack(magic, VERSION, run_id.encode("ascii"), entry, numel)
     return (fields + _CRC.pack(zlib.crc32(fields))).ljust(BLOCK, b"\0")
 
 
@@ -83,16 +114,17 @@ def check_run_id(run_id: str) -> str:
 
 
 class Slab:
-    """One entry's file image in host memory: header, then p, m, v at their file offsets."""
+    """One entry's file image in host memory: header, then its regions at their file offsets."""
 
-    def __init__(self, entry: int, numel: int, raw: np.ndarray) -> None:
-        self.entry, self.numel, self.raw = entry, numel, raw
+    def __init__(self, entry: int, numel: int, raw: np.ndarray, layout: Layout = STATE) -> None:
+        self.entry, self.numel, self.raw, self.layout = entry, numel, raw, layout
 
     @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(p, m, v)``: fp32 views of ``numel`` elements into the image."""
-        r = region_bytes(self.numel)
-        return tuple(self.raw[BLOCK + k * r:BLOCK + k * r + 4 * self.numel].view(F32) for k in range(3))
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The regions (``(p, m, v)`` of a state file): views of ``numel`` elements into the image."""
+        lay = self.layout
+        r, n = lay.region_bytes(self.numel), lay.dtype.itemsize * self.numel
+        return tuple(self.raw[BLOCK + k * r:BLOCK + k * r + n].view(lay.dtype) for k in range(lay.regions))
 
 
 class DiskTier:
@@ -106,8 +138,11 @@ class DiskTier:
     """
 
     def __init__(self, directory: str | os.PathLike, run_id: str, numels: Mapping[int, int], *,
-                 direct: bool = True) -> None:
+                 direct: bool = True, layout: Layout = STATE, also_needs: int = 0) -> None:
+        """``layout``: which files (the state's by default); ``also_needs``: bytes that other
+        files of the run (the state's, beside the copies') will take from the same free space."""
         self.directory = Path(directory)
+        self.layout, self.also_needs = layout, also_needs
         self.run_id = check_run_id(run_id)
         self.numels = {int(e): int(n) for e, n in numels.items()}
         if any(n <= 0 for n in self.numels.values()):
@@ -125,10 +160,10 @@ class DiskTier:
         return f"--eps-offload {self.directory}"
 
     def path(self, entry: int) -> Path:
-        return self.directory / entry_file(entry)
+        return self.directory / self.layout.file_name(entry)
 
     def _tmp_path(self, entry: int) -> Path:
-        return self.directory / (entry_file(entry) + ".tmp")
+        return self.directory / (self.layout.file_name(entry) + ".tmp")
 
     # ------------------------------------------------------------ start-up
     def _check(self) -> None:
@@ -144,17 +179,23 @@ class DiskTier:
         if not os.access(d, os.W_OK | os.X_OK):
             raise UserError(f"{self.where}: not writable")
         self._check_manifest(d / MANIFEST)
+        if self.layout.manifest != MANIFEST:
+            self._check_manifest(d / self.layout.manifest)
         held = 0
         for entry, numel in sorted(self.numels.items()):
             path = self.path(entry)
             if os.path.lexists(path):
                 self._check_file(entry, path)
-                held += file_bytes(numel)
-        need = sum(file_bytes(n) for n in self.numels.values()) - held
+                held += self.layout.file_bytes(numel)
+        need = self.total_bytes() - held + self.also_needs
         free = self.free_bytes()
         if need > free:
             raise UserError(f"{self.where}: the EPS state needs {need / 2**30:.2f} GiB more there, and its "
                             f"filesystem has {free / 2**30:.2f} GiB free")
+
+    def total_bytes(self) -> int:
+        """The files' total size, headers and padding included."""
+        return sum(self.layout.file_bytes(n) for n in self.numels.values())
 
     def free_bytes(self) -> int:
         override = os.environ.get(FREE_BYTES_ENV)
@@ -189,7 +230,7 @@ class DiskTier:
         self._check_image(entry, head, size, path)
 
     def _check_image(self, entry: int, head: bytes, size: int, path: Path) -> None:
-        want = file_bytes(self.numels[entry])
+        want = self.layout.file_bytes(self.numels[entry])
         if size < BLOCK:
             raise UserError(f"{path}: truncated: {size} of {want} bytes")
         problem = self._header_problem(entry, bytes(head[:BLOCK]))
@@ -201,8 +242,8 @@ class DiskTier:
 
     def _header_problem(self, entry: int, head: bytes) -> str | None:
         magic, version, run, got_entry, numel = _FIELDS.unpack_from(head)
-        if magic != MAGIC:
-            return "not an l2l EPS state file"
+        if magic != self.layout.magic:
+            return f"not an l2l EPS {self.layout.suffix} file"
         if _CRC.unpack_from(head, _FIELDS.size)[0] != zlib.crc32(head[:_FIELDS.size]):
             return "damaged header (CRC mismatch)"
         if version != VERSION:
@@ -220,7 +261,7 @@ class DiskTier:
         """Write the manifest (after the checks: the directory is this run's from now on)."""
         doc = {"format": MANIFEST_FORMAT, "version": VERSION, "run": self.run_id,
                "entries": {str(e): n for e, n in sorted(self.numels.items())}}
-        atomic_write_bytes(self.directory / MANIFEST, (json.dumps(doc, indent=1) + "\n").encode())
+        atomic_write_bytes(self.directory / self.layout.manifest, (json.dumps(doc, indent=1) + "\n").encode())
         for entry in self.numels:  # a file a kill left half-created: a new one is written whole
             tmp = self._tmp_path(entry)
             if os.path.lexists(tmp):
@@ -230,15 +271,22 @@ class DiskTier:
     def slab(self, entry: int) -> Slab:
         """A zeroed image of the entry's file with its header: the buffer every read and write uses."""
         numel = self.numels[entry]
-        raw = aligned_empty(file_bytes(numel), np.uint8, align=BLOCK)
+        raw = aligned_empty(self.layout.file_bytes(numel), np.uint8, align=BLOCK)
         raw[...] = 0
-        raw[:BLOCK] = np.frombuffer(header(self.run_id, entry, numel), np.uint8)
+        raw[:BLOCK] = np.frombuffer(header(self.run_id, entry, numel, self.layout.magic), np.uint8)
         nbytes = raw.nbytes
         with self._lock:
             self.live_bytes += nbytes
             self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
         weakref.finalize(raw.base, self._freed, nbytes)
-        return Slab(entry, numel, raw)
+        return Slab(entry, numel, raw, self.layout)
+
+    def retarget(self, slab: Slab, entry: int) -> None:
+        """Make a spare image of an entry of the same size serve ``entry`` (its header rewritten)."""
+        if self.numels[entry] != slab.numel:
+            raise ValueError(f"a slab of {slab.numel} elements cannot hold entry {entry} ({self.numels[entry]})")
+        slab.raw[:BLOCK] = np.frombuffer(header(self.run_id, entry, slab.numel, self.layout.magic), np.uint8)
+        slab.entry = entry
 
     def _freed(self, nbytes: int) -> None:
         with self._lock:
@@ -267,10 +315,13 @@ class DiskTier:
     def exists(self, entry: int) -> bool:
         return entry in self._fds or os.path.lexists(self.path(entry))
 
-    def read(self, entry: int) -> Slab:
-        """The entry's file image, its header and size checked (UserError when wrong)."""
+    def read(self, entry: int, into: Slab | None = None) -> Slab:
+        """The entry's file image, its header and size checked (UserError when wrong); read
+        ``into`` a spare image of the same size when given."""
         fd = self._fd(entry)
-        slab = self.slab(entry)
+        if into is not None:
+            self.retarget(into, entry)
+        slab = into if into is not None else self.slab(entry)
         _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
         self._drop_pages(fd, self.open_flags[entry], wrote=False)
         self._check_image(entry, slab.raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))

@@ -32,6 +32,7 @@ from ..checkpoint import LazyArrays, spec_of
 from ..errors import EpsWorkerError, PeerLostError, UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
+from .copy_window import DiskCopies
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
@@ -59,7 +60,7 @@ class EagerParamServer:
                  grad_dtype: str = "fp32", contributors: int = 1,
                  host_alloc: HostAlloc = aligned_empty,
                  all_reduce: Callable[[int, np.ndarray], None] | None = None,
-                 share_masters: bool = False) -> None:
+                 share_masters: bool = False, copies: DiskCopies | None = None) -> None:
         """``all_reduce(layer, g)``, when given, sums the box's reduced (unscaled, fp32)
         gradient of a layer over the machines in place before the update
         (``l2l.distributed``); every machine then updates from the same bits.
@@ -69,7 +70,11 @@ class EagerParamServer:
         (:meth:`EpsBackend.master_as_copy`): 12 bytes a parameter instead of 16. The
         relay reads a layer only after :meth:`fetch` waited for its update and hands
         its gradient over only once it is done with it -- the discipline that already
-        lets the update write a separate copy in place."""
+        lets the update write a separate copy in place.
+
+        ``copies``: the device copies live in files (``--eps-offload-copies``), a few in
+        memory (:class:`~l2l.eps.copy_window.DiskCopies`); ``share_masters`` then does not
+        apply (the masters are on disk too)."""
         if contributors < 1:
             raise ValueError("contributors must be >= 1")
         self.backend = backend
@@ -77,7 +82,8 @@ class EagerParamServer:
         self.copy_dtype = COPY_DTYPES[copy_dtype]
         self.grad_dtype = GRAD_DTYPES[grad_dtype]
         self.contributors = contributors
-        self.share_masters = share_masters
+        self.share_masters = share_masters and copies is None
+        self.copies = copies
         self._alloc = host_alloc
         self._numel: dict[int, int] = {}
         self._contributors: dict[int, int] = {}
@@ -116,6 +122,9 @@ class EagerParamServer:
         shared = None
         if self._on_backend(layer):
             self.backend.allocate(layer, p)
+            if self._on_disk(layer):
+                self._store_copy(layer)
+                return
             if self.share_masters and self.copy_dtype == np.float32:
                 shared = self.backend.master_as_copy(layer)
         self._copies[layer] = shared if shared is not None else self._alloc(p.shape[0], self.copy_dtype)
@@ -126,6 +135,16 @@ class EagerParamServer:
         """An entry with no elements (a pre stage whose one weight is a tied embedding, held
         by the shared entry) is bookkeeping only: backends never see a zero-length buffer."""
         return self._numel[layer] > 0
+
+    def _on_disk(self, layer: int) -> bool:
+        """The layer's device copy lives in a file (``--eps-offload-copies``)."""
+        return self.copies is not None and self._numel[layer] > 0
+
+    def _store_copy(self, layer: int) -> None:
+        """Write the layer's device copy of its current masters to its file."""
+        held = self.copies.buffer(layer)
+        self.backend.write_copy(layer, held.array)
+        self.copies.store(layer, held)
 
     @property
     def layers(self) -> list[int]:
@@ -145,6 +164,8 @@ class EagerParamServer:
     def fetch(self, layer: int) -> np.ndarray:
         """The layer's device copy, once its pending update (if any) is done."""
         self._wait(layer)
+        if self._on_disk(layer):
+            return self.copies.fetch(layer)
         return self._copies[layer]
 
     def gradient_inbox(self, layer: int, contributor: int = 0) -> np.ndarray:
@@ -298,7 +319,11 @@ class EagerParamServer:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
-        self.backend.close()
+        try:
+            if self.copies is not None:
+                self.copies.close()
+        finally:
+            self.backend.close()
 
     # ----------------------------------------------------------- worker
     def _update(self, layer: int, previous: Future | None, ready: list, hyper: AdamWHyper,
@@ -315,8 +340,16 @@ class EagerParamServer:
             grads = self._summed.pop(layer, None)
             if grads is None:
                 grads = self._gradients(layer)
-            finite = self.backend.step(layer, grads, scalars, self._copies[layer]) if self._on_backend(layer) \
-                else True
+            if self._on_disk(layer):
+                held = self.copies.buffer(layer)
+                finite = self.backend.step(layer, grads, scalars, held.array)
+                if finite:
+                    self.copies.updated(layer, held)
+                else:
+                    self.copies.discard(held)
+            else:
+                finite = self.backend.step(layer, grads, scalars, self._copies[layer]) \
+                    if self._on_backend(layer) else True
             self._return_inbox(layer)
             if finite:
                 self._steps[layer] = t
@@ -407,5 +440,8 @@ class EagerParamServer:
             self._steps[layer] = steps
             if self._on_backend(layer):
                 self.backend.write_state(layer, p, m, v)
-                self.backend.write_copy(layer, self._copies[layer])
+                if self._on_disk(layer):
+                    self._store_copy(layer)
+                else:
+                    self.backend.write_copy(layer, self._copies[layer])
             del p, m, v

@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                "the machine's rates (measured here unless given).")
     add_options(p, MODEL + BATCH + DEVICE)
     add_options(p, [o for o in RELAY + EPS if o.flag in ("--stash", "--precision", "--devices", "--eps",
-                                                  "--eps-offload", "--eps-offload-window")])
+                                                  "--eps-offload", "--eps-offload-window",
+                                                  "--eps-offload-copies")])
     p.add_argument("--dtype-bytes", type=int, default=None,
                    help="bytes per weight/gradient/activation element (default: what --precision computes in)")
     p.add_argument("--flops", type=float, default=None, help="device compute rate, FLOP/s (default: measured)")
@@ -160,9 +161,11 @@ def _train_flags(cfg: TrainConfig, device: str) -> str:
     flags = ["--model", cfg.model, "--layers", cfg.layers, "--d-model", cfg.d_model, "--heads", cfg.heads,
              "--seq-len", cfg.seq_len, "--batch-size", cfg.batch_size, "--micro-batches", cfg.micro_batches]
     default = TrainConfig()
-    for flag in ("dropout", "stash", "precision", "devices", "eps_offload", "eps_offload_window"):
-        if getattr(cfg, flag) != getattr(default, flag):
-            flags += ["--" + flag.replace("_", "-"), getattr(cfg, flag)]
+    for flag in ("dropout", "stash", "precision", "devices", "eps_offload", "eps_offload_window",
+                 "eps_offload_copies"):
+        value = getattr(cfg, flag)
+        if value != getattr(default, flag):
+            flags += ["--" + flag.replace("_", "-")] + ([] if value is True else [value])
     if device != "auto":
         flags += ["--device", device]
     return "l2l train " + " ".join(str(f) for f in flags)

@@ -31,9 +31,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..config import TrainConfig
 from ..errors import UserError
-from ..eps.disk_tier import FREE_BYTES_ENV, DiskTier, file_bytes
+from ..eps.disk_tier import FREE_BYTES_ENV, DiskTier, copy_layout, file_bytes
 from .model import Prediction
 from .shapes import EPS_STATE_BYTES, layer_shapes, with_model_shape
 
@@ -68,9 +70,22 @@ def window_bytes(numels: dict[int, int], window: int) -> int:
     return (2 * window + 1) * max(file_bytes(n) for n in numels.values())
 
 
-def host_bytes_with_tier(p: Prediction, numels: dict[int, int], window: int) -> int:
-    """The prediction's host peak with the state on disk: less p, m, v, plus the window."""
-    return p.host_total_bytes - EPS_STATE_BYTES * p.params + window_bytes(numels, window)
+def copy_window_bytes(numels: dict[int, int], window: int, itemsize: int) -> int:
+    """The device copies' buffers in memory with ``--eps-offload-copies`` at most:
+    ``2N + 5`` copy-file images of the largest entry (l2l/eps/copy_window.py counts them)."""
+    lay = copy_layout(np.dtype(f"<f{itemsize}") if itemsize in (2, 4) else np.dtype(np.float32))
+    return (2 * window + 5) * max(lay.file_bytes(n) for n in numels.values())
+
+
+def host_bytes_with_tier(p: Prediction, numels: dict[int, int], window: int, copies: bool = False) -> int:
+    """The prediction's host peak with the state on disk: less p, m, v, plus the window; with
+    ``copies`` (``--eps-offload-copies``) less the device copies too, plus their window."""
+    host = p.host_total_bytes - EPS_STATE_BYTES * p.params + window_bytes(numels, window)
+    if copies:
+        copy_bytes = p.host_state_bytes - EPS_STATE_BYTES * p.params  # the prediction's copies, all of them
+        itemsize = round(copy_bytes / p.params) if p.params else 4
+        host += copy_window_bytes(numels, window, itemsize) - copy_bytes
+    return host
 
 
 def free_bytes(directory: str | os.PathLike) -> int:
@@ -242,7 +257,7 @@ def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | 
         measured=rates.measured, direct=rates.direct, io_s=io, exposed_s=exposed,
         hidden_share=1.0 if io == 0 else 1.0 - exposed / io, step_s=p.step_s + exposed,
         window_bytes=window_bytes(numels, cfg.eps_offload_window),
-        host_total_bytes=host_bytes_with_tier(p, numels, cfg.eps_offload_window),
+        host_total_bytes=host_bytes_with_tier(p, numels, cfg.eps_offload_window, cfg.eps_offload_copies),
         host_total_in_memory_bytes=p.host_total_bytes, slots=detail)
 
 

@@ -109,7 +109,8 @@ def _exact(cfg: TrainConfig, rates: Rates, db: int) -> tuple[int, ...]:
         return p.params, p.host_total_bytes, p.device_total_bytes
     from .disk import entry_numels, host_bytes_with_tier, state_file_bytes
     numels = entry_numels(cfg)
-    return (p.params, host_bytes_with_tier(p, numels, cfg.eps_offload_window), p.device_total_bytes,
+    return (p.params, host_bytes_with_tier(p, numels, cfg.eps_offload_window, cfg.eps_offload_copies),
+            p.device_total_bytes,
             state_file_bytes(numels))
 
 

@@ -11,6 +11,13 @@ update rate (about a second) and calibrates the model's efficiency with a few
 real relay steps of the same shape cut to 4 blocks when that costs at most 3 s
 or 5% of the predicted run; ``calibrated`` always does, ``quick`` never does (the
 pure-FLOP model, which predicts short), ``off`` skips the forecast.
+
+With ``--eps-offload`` the host figure is the planner's disk model's
+(:func:`~l2l.planner.disk.host_bytes_with_tier`: the state, and with
+``--eps-offload-copies`` the copies, replaced by their windows). The step time stays the
+compute's: timing the disk needs its bandwidth, which ``l2l plan --eps-offload DIR``
+measures (256 MiB each way) and a training run should not pay for; the calibration's
+steps keep their state in memory, so they write nothing in DIR.
 """
 from __future__ import annotations
 
@@ -22,7 +29,9 @@ import torch
 from ..config import TrainConfig
 from ..hostmem import memory_status
 from .measure import calibrate, calibration_micro_batches, measure_rates
+from .disk import entry_numels, host_bytes_with_tier
 from .model import predict
+from .shapes import EPS_STATE_BYTES
 from .report import summary_line
 
 CALIBRATION_SHARE = 0.05  # auto calibrates when that costs at most this share of the run,
@@ -64,7 +73,8 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
     if mode == "off" or cfg.engine != "l2l":
         return None
     runtime = memory_status().get("VmRSS")  # called before the model: the run's fixed host cost
-    rates = measure_rates(device, cfg, calibrate_steps=False)
+    in_memory = replace(cfg, eps_offload=None, eps_offload_copies=False)  # what the measurements run
+    rates = measure_rates(device, in_memory, calibrate_steps=False)
     if runtime:
         rates = replace(rates, runtime_bytes=runtime)
     calibrated = mode == "calibrated"
@@ -72,13 +82,17 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
         budget = max(CALIBRATION_FREE_S, CALIBRATION_SHARE * predict(cfg, rates).step_s * cfg.steps)
         calibrated = _calibration_cost_s(cfg, rates) <= budget
     if calibrated:
-        rates = calibrate(cfg, rates, device)
-    p = predict(cfg, rates)
+        rates = calibrate(in_memory, rates, device)
+    p = predict(cfg, rates)  # with the tier, the copies counted in memory (no masters to share)
+    host, state = p.host_total_bytes, p.host_state_bytes
+    if cfg.eps_offload is not None:
+        host = host_bytes_with_tier(p, entry_numels(cfg), cfg.eps_offload_window, cfg.eps_offload_copies)
+        state = 0 if cfg.eps_offload_copies else p.host_state_bytes - EPS_STATE_BYTES * p.params
     # the peak so far (imports, the data, these measurements) bounds the run's from below:
     # a small model's EPS fits in what the measurements freed
     peak_so_far = memory_status().get("VmHWM", 0)
     return Forecast(step_s=p.step_s, device_bytes=p.device_ledger_bytes,
-                    host_bytes=max(p.host_total_bytes, peak_so_far), host_state_bytes=p.host_state_bytes,
+                    host_bytes=max(host, peak_so_far), host_state_bytes=state,
                     calibrated=calibrated,
                     text=summary_line(p))
 
