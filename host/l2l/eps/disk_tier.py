@@ -12,8 +12,8 @@ truncated, damaged or another run's is one line of :class:`~l2l.errors.UserError
 garbage weights.
 
 An entry is moved as one image of its file (:class:`Slab`): a 4096-aligned host buffer
-read or written with ``preadv``/``pwritev`` in chunks of several MiB, straight from the
-numpy memory. The state files are ``O_DIRECT`` where the filesystem takes it: they would
+read or written with ``preadv``/``pwritev`` in one call per entry (up to 1 GiB a call),
+straight from the numpy memory. The state files are ``O_DIRECT`` where the filesystem takes it: they would
 otherwise sit in the page cache beside the state in use, which is the memory the tier is
 there to save. Where ``O_DIRECT`` is refused (``EINVAL``: tmpfs and some network
 filesystems) the I/O is buffered and the pages are dropped after each read and (after
@@ -50,7 +50,11 @@ VERSION = 1
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "l2l-eps-offload"
 BLOCK = 4096          # header size, region alignment and buffer alignment (O_DIRECT's unit)
-CHUNK = 8 << 20       # bytes per preadv/pwritev call
+# Bytes per preadv/pwritev call: an entry's image in one call (Linux moves at most 2 GiB - 4 KiB
+# a call). Each call returns to Python and waits for the GIL, on a run whose main thread and
+# update thread hold it most of the time; 8 MiB chunks cost the tier's threads more than half
+# their rate that way on two cores (docs/disk-tier.md, "I/O").
+CHUNK = 1 << 30
 _FIELDS = struct.Struct("<8sI32sIQ")  # magic, version, run id (32 hex digits), entry, numel
 _CRC = struct.Struct("<I")
 F32 = np.dtype("<f4")
