@@ -329,7 +329,8 @@ def markdown(r: dict, command: str) -> str:
         "fast the tier streams while it moves data, not how much of the step it fills (a CPU step is compute-"
         "bound: that is the busy share below). The ledger's bytes are checked against the kernel's count for the "
         "process (`/proc/PID/io`: the tier's files are O_DIRECT, so each byte is block I/O; the run's other "
-        "writes are `--out`, mainly the checkpoint).",
+        "writes are `--out`, mainly the checkpoint, which it also reads back once for its SHA-256: from the "
+        "disk, as the memory limit evicts it from the page cache).",
         "",
         "| figure | value |", "|---|---:|",
         f"| EPS state files (p, m, v; headers, padding) | {g(r['state_file_bytes'])} |",
