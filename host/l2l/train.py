@@ -54,6 +54,10 @@ class RunSummary:
     params: int | None = None
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
+    # --eps-offload: the disk tier's ledger of its own I/O over the whole run (build, steps,
+    # evaluations, checkpoints): read/write bytes and seconds inside its calls, in total and
+    # for "state" and "copies" (their per-entry read and write counts too); docs/disk-tier.md
+    eps_disk: dict | None = None
 
 
 def _rng_meta() -> dict:
@@ -277,6 +281,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          host_stash_bytes=host_stash,
                          params=stack.num_params)
     summary.machines_weights_sha256 = digests
+    if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
+        summary.eps_disk = engine.eps.disk_io()
     if plan is not None and step_times:
         line, summary.plan = plan.compare(step_times, peak, summary.host_peak_bytes)
         say(line)

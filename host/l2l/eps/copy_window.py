@@ -242,6 +242,13 @@ class DiskCopies:
         with self._lock:
             return len(self._mem) + sum(len(s) for s in self._spare.values())
 
+    def flush(self) -> None:
+        """Wait for every pending write of a copy (raising the first that failed)."""
+        with self._lock:
+            pending = [h.write for h in self._mem.values() if h.write is not None]
+        for fut in pending:
+            fut.result()
+
     def close(self) -> None:
         """Wait for the pending writes (raising the first that failed), then close the files."""
         try:

@@ -12,8 +12,8 @@ truncated, damaged or another run's is one line of :class:`~l2l.errors.UserError
 garbage weights.
 
 An entry is moved as one image of its file (:class:`Slab`): a 4096-aligned host buffer
-read or written with ``preadv``/``pwritev`` in chunks of several MiB, straight from the
-numpy memory. The state files are ``O_DIRECT`` where the filesystem takes it: they would
+read or written with ``preadv``/``pwritev`` in one call per entry (up to 1 GiB a call),
+straight from the numpy memory. The state files are ``O_DIRECT`` where the filesystem takes it: they would
 otherwise sit in the page cache beside the state in use, which is the memory the tier is
 there to save. Where ``O_DIRECT`` is refused (``EINVAL``: tmpfs and some network
 filesystems) the I/O is buffered and the pages are dropped after each read and (after
@@ -32,6 +32,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -49,13 +50,56 @@ VERSION = 1
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "l2l-eps-offload"
 BLOCK = 4096          # header size, region alignment and buffer alignment (O_DIRECT's unit)
-CHUNK = 8 << 20       # bytes per preadv/pwritev call
+# Bytes per preadv/pwritev call: an entry's image in one call (Linux moves at most 2 GiB - 4 KiB
+# a call). Each call returns to Python and waits for the GIL, on a run whose main thread and
+# update thread hold it most of the time; 8 MiB chunks cost the tier's threads more than half
+# their rate that way on two cores (docs/disk-tier.md, "I/O").
+CHUNK = 1 << 30
 _FIELDS = struct.Struct("<8sI32sIQ")  # magic, version, run id (32 hex digits), entry, numel
 _CRC = struct.Struct("<I")
 F32 = np.dtype("<f4")
 # A hidden test hook, not an option: the free bytes the start-up check believes DIR's
 # filesystem has, so the "not enough space" refusal is tested without filling a disk.
 FREE_BYTES_ENV = "L2L_TEST_EPS_OFFLOAD_FREE_BYTES"
+
+
+class IoLedger:
+    """The tier's own account of its I/O: bytes moved and seconds spent inside its whole-entry
+    reads and writes (``preadv``/``pwritev`` of an image, and for buffered files the page
+    drop after it), per direction, and how many times each entry's file was read and
+    written. Thread-safe (the reads and the writes run on two threads): one
+    ``perf_counter`` pair and one locked update per entry moved, nothing per chunk.
+
+    The seconds are the time a thread was inside the call, not the wall time: with a read
+    and a write under way at once both count, so ``bytes / seconds`` per direction is the
+    rate each direction streamed at while it was moving, the figure to hold against the
+    disk's own sequential bandwidth (``l2l bench offload``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.read_bytes = self.write_bytes = 0
+        self.read_s = self.write_s = 0.0
+        self.reads: dict[int, int] = {}   # entry -> times its file was read
+        self.writes: dict[int, int] = {}  # entry -> times its file was written
+
+    def add(self, write: bool, entry: int, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            if write:
+                self.write_bytes += nbytes
+                self.write_s += seconds
+                self.writes[entry] = self.writes.get(entry, 0) + 1
+            else:
+                self.read_bytes += nbytes
+                self.read_s += seconds
+                self.reads[entry] = self.reads.get(entry, 0) + 1
+
+    def as_dict(self) -> dict:
+        """For ``summary.json``: totals, and the per-entry counts keyed by entry (as strings)."""
+        with self._lock:
+            return {"read_bytes": self.read_bytes, "read_s": self.read_s,
+                    "write_bytes": self.write_bytes, "write_s": self.write_s,
+                    "reads": {str(e): n for e, n in sorted(self.reads.items())},
+                    "writes": {str(e): n for e, n in sorted(self.writes.items())}}
 
 
 @dataclass(frozen=True)
@@ -153,6 +197,7 @@ class DiskTier:
         self._lock = threading.Lock()
         self.live_bytes = 0       # slab memory alive now, and its peak: the tier's host footprint
         self.peak_live_bytes = 0
+        self.io = IoLedger()      # bytes and seconds of the tier's own reads and writes
         self._check()
 
     @property
@@ -322,8 +367,10 @@ class DiskTier:
         if into is not None:
             self.retarget(into, entry)
         slab = into if into is not None else self.slab(entry)
-        _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
+        t0 = time.perf_counter()
+        got = _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
         self._drop_pages(fd, self.open_flags[entry], wrote=False)
+        self.io.add(False, entry, got, time.perf_counter() - t0)
         self._check_image(entry, slab.raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))
         return slab
 
@@ -352,10 +399,12 @@ class DiskTier:
             self._fds[entry], self.open_flags[entry] = fd, flags
 
     def _write(self, fd: int, flags: int, slab: Slab) -> None:
+        t0 = time.perf_counter()
         put = _transfer(os.pwritev, fd, slab.raw)
         if put != slab.raw.nbytes:
             raise OSError(errno.EIO, f"short write: {put} of {slab.raw.nbytes} bytes", str(self.path(slab.entry)))
         self._drop_pages(fd, flags, wrote=True)
+        self.io.add(True, slab.entry, put, time.perf_counter() - t0)
 
     @staticmethod
     def _drop_pages(fd: int, flags: int, wrote: bool) -> None:

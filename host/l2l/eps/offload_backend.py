@@ -215,6 +215,15 @@ class OffloadedBackend(EpsBackend):
                 raise ValueError(f"layer {layer}: state of shape {np.shape(a)}, expected ({n},)")
         self._store_now(layer, p, m, v)
 
+    def flush(self) -> None:
+        """Wait for every pending write (raising the first that failed): the files, and the
+        tier's ledger (:attr:`DiskTier.io`), as of after the last update."""
+        with self._lock:
+            pending = list(self._writes.values())
+        for fut in pending:
+            fut.result()
+        self._settle_writes()
+
     def close(self) -> None:
         """Wait for the pending writes (raising the first that failed), then close the files
         and the inner backend."""

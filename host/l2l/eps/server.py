@@ -33,6 +33,7 @@ from ..errors import EpsWorkerError, PeerLostError, UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .copy_window import DiskCopies
+from .offload_backend import OffloadedBackend
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
@@ -316,6 +317,26 @@ class EagerParamServer:
     def synchronize(self) -> None:
         for layer in list(self._pending):
             self._wait(layer)
+
+    def disk_io(self) -> dict | None:
+        """With ``--eps-offload``: the disk tier's own ledger of its I/O (bytes and seconds
+        inside its reads and writes, per direction; :class:`~l2l.eps.disk_tier.IoLedger`)
+        after the pending updates and writes, for the state files and, with
+        ``--eps-offload-copies``, the copy files, and their sum. None without the tier."""
+        tiers = {}
+        if isinstance(self.backend, OffloadedBackend):
+            self.synchronize()
+            self.backend.flush()
+            tiers["state"] = self.backend.tier.io.as_dict()
+        if self.copies is not None:
+            self.synchronize()
+            self.copies.flush()
+            tiers["copies"] = self.copies.tier.io.as_dict()
+        if not tiers:
+            return None
+        total = {k: sum(t[k] for t in tiers.values())
+                 for k in ("read_bytes", "read_s", "write_bytes", "write_s")}
+        return {**total, **tiers}
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
