@@ -27,8 +27,10 @@ and its peak), the measurement the training log, the run summary and
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +62,7 @@ class _MallInfo2(ctypes.Structure):
 
 
 class HeapTrimmer:
-    """Gives the heap's resident holes back to the kernel once they add up to a slack.
+    """Gives the heap's resident holes back to the kernel, within a time budget.
 
     glibc before 2.38 serves an aligned allocation (torch asks for 64-byte
     alignment) by over-allocating and splitting, so a freed activation can leave
@@ -70,19 +72,23 @@ class HeapTrimmer:
     128 tokens and d 512 (docs/host-memory.md). Called at each layer boundary,
     this measures the resident memory the allocator holds free (anonymous
     resident set minus the bytes in use, ``mallinfo2`` over all arenas) and,
-    when it grew by the slack since the last trim, calls ``malloc_trim(0)``:
+    once it grew by ``slack`` since the last trim, calls ``malloc_trim(0)``:
     the free pages go back, and only those the next layers reuse are faulted
-    in again. The slack is at least ``slack`` bytes and twice what the first
-    layer after a trim faults back in (its activations' working set), so where
-    activations are large it trims rarely instead of faulting them in at every
-    layer. ``L2L_MALLOC_TUNING=0`` or a C library without these calls makes
-    it a no-op.
+    in again. That refault is a trim's cost: the first layer after a trim
+    shows how many bytes it is, and the time to fault a page in is measured
+    once per process. A trim waits until ``1 / budget`` times that cost has
+    passed since the last one, so trimming takes at most about ``budget`` of
+    the run's time: where activations are small it trims every few layers,
+    where they are large it rarely does. ``L2L_MALLOC_TUNING=0`` or a C library
+    without these calls makes it a no-op.
     """
 
-    def __init__(self, slack: int = 16 << 20) -> None:
+    def __init__(self, slack: int = 16 << 20, budget: float = 0.01) -> None:
         self.slack = slack
+        self.budget = budget
         self.trims = 0
         self._after: int | None = None   # resident free bytes right after the last trim
+        self._last = 0.0                 # when the last trim was
         self._refault = 0                # the most a layer faulted back in after a trim
         self._measuring = False
         self._libc = None
@@ -113,9 +119,11 @@ class HeapTrimmer:
         self._libc.malloc_trim(0)
         self.trims += 1
         self._after = self.resident_free()
+        self._last = time.perf_counter()
 
     def __call__(self) -> bool:
-        """Trim if the resident free memory grew by the slack since the last trim; True when it trimmed."""
+        """Trim if the resident free memory grew by the slack and the time budget allows; True
+        when it trimmed."""
         if self._libc is None:
             return False
         free = self.resident_free()
@@ -125,11 +133,33 @@ class HeapTrimmer:
         if self._measuring:
             self._refault = max(self._refault, free - self._after)
             self._measuring = False
-        if free - self._after < max(self.slack, 2 * self._refault):
+        if free - self._after < self.slack:
+            return False
+        cost = self._refault * fault_seconds_per_byte()
+        if time.perf_counter() - self._last < cost / self.budget:
             return False
         self.trim()
         self._measuring = True
         return True
+
+
+_fault_seconds_per_byte: float | None = None
+
+
+def fault_seconds_per_byte() -> float:
+    """What faulting fresh anonymous memory in costs here (the kernel zeroes each page): timed
+    once per process on 16 MiB, the cost of a trim's refault."""
+    global _fault_seconds_per_byte
+    if _fault_seconds_per_byte is None:
+        size = 16 << 20
+        region = mmap.mmap(-1, size)
+        pages = np.frombuffer(region, np.uint8)
+        start = time.perf_counter()
+        pages[::mmap.PAGESIZE] = 1
+        _fault_seconds_per_byte = (time.perf_counter() - start) / size
+        del pages
+        region.close()
+    return _fault_seconds_per_byte
 
 
 def aligned_empty(n: int, dtype, align: int = 64) -> np.ndarray:
