@@ -304,7 +304,8 @@ def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | 
 
 def format_disk(d: DiskPlan) -> str:
     """The disk tier's lines of ``l2l plan``."""
-    how = (f"measured, probe: {size_of(d.probe_bytes)} each way, writes synced"
+    quick = " (quick: may fit a cache; l2l bench offload's is sustained)" if d.probe_bytes < 1 << 30 else ""
+    how = (f"measured, probe: {size_of(d.probe_bytes)} each way{quick}, writes synced"
            + (", O_DIRECT" if d.direct else ", buffered (no O_DIRECT here)") if d.measured else "given")
     fits = "fits" if d.state_file_bytes <= d.free_bytes else "DOES NOT FIT"
     per_param = d.traffic_bytes / d.params
