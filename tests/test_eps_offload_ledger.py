@@ -33,6 +33,9 @@ def _run(tmp_path: Path):
     summary = json.loads((out / "summary.json").read_text())
     numels = {int(e): n for e, n in json.loads((eps / "manifest.json").read_text())["entries"].items()}
     out_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    marks = [json.loads(line).get("eps_disk") for line in (out / "metrics.jsonl").read_text().splitlines()
+             if line.strip() and "step_time_s" in line]
+    summary["_marks"] = marks
     return summary, numels, usage, out_bytes
 
 
@@ -58,6 +61,15 @@ def test_the_ledger_matches_the_schedule_and_the_kernel(tmp_path):
     copy_files = sum(copy.file_bytes(n) for n in numels.values())
     assert led["write_bytes"] == (STEPS + 1) * (state_files + copy_files)
     assert led["read_bytes"] == led["state"]["read_bytes"] + led["copies"]["read_bytes"]
+    # the ledger before the steps (the build wrote every file once) and after each step (bench
+    # offload's ledger over the steps only): totals that only grow, within the run's
+    start, marks = summary["eps_disk_at_start"], summary["_marks"]
+    assert start["write_bytes"] == state_files + copy_files
+    assert len(marks) == STEPS
+    keys = ("read_bytes", "read_s", "write_bytes", "write_s")
+    for before, after in zip([start, *marks], [*marks, led]):
+        assert all(before[k] <= after[k] for k in keys), (before, after)
+    assert marks[-1]["write_bytes"] >= start["write_bytes"] + (STEPS - 1) * (state_files + copy_files)
 
     # the kernel's count: with O_DIRECT each tier read and write is block I/O of the process;
     # the rest of what it reads comes from the page cache (the Python code, warm), and the

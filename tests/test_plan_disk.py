@@ -114,3 +114,34 @@ def test_fit_with_the_tier_is_bound_by_the_disk(tmp_path):
     text = run_cli("plan", "--fit", "--eps-offload", str(tmp_path / "eps"), "--host-memory", "64", "--d-model",
                    "512", "--heads", "8", env={"L2L_TEST_EPS_OFFLOAD_FREE_BYTES": str(free)})
     assert text.returncode == 0 and "disk:" in text.stdout and "<- binds" in text.stdout.split("disk:")[1]
+
+
+def test_probe_reads_back_the_first_written_after_all_writes_each_synced(tmp_path, monkeypatch):
+    import os
+    synced = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    rates = probe_disk(tmp_path / "p", 4 << 20, chunk=1 << 20)
+    ops = [(c["op"], c["entry"]) for c in rates.chunks]
+    n = len(ops) // 2
+    assert n == 4  # 4 MiB in 1 MiB entries (each a little over: header and padding)
+    assert ops == [("write", e) for e in range(n)] + [("read", e) for e in range(n)]  # first written, first read
+    writes = [c for c in rates.chunks if c["op"] == "write"]
+    assert all(c["synced"] and c["s"] > 0 for c in writes)
+    assert len(synced) >= n  # an fdatasync in each write's timed span (and the tier's own where buffered)
+    assert rates.probe_bytes == sum(c["bytes"] for c in writes) >= 4 << 20
+    whole = rates.probe_bytes / sum(c["s"] for c in writes)
+    assert rates.write_bytes_per_s == pytest.approx(whole)  # the whole transfer, not one chunk's
+    lo, mid, hi = rates.spread("read")
+    assert lo <= mid <= hi
+    assert not (tmp_path / "p").exists()
+
+
+def test_sustained_size_is_a_tenth_of_free_space_at_least_1_gib(tmp_path, monkeypatch):
+    from l2l.planner.disk import sustained_bytes
+    monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(100 << 30))
+    assert sustained_bytes(tmp_path) == 2 << 30
+    monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(15 << 30))
+    assert sustained_bytes(tmp_path) == (15 << 30) // 10 // (256 << 20) * (256 << 20)
+    monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(3 << 30))
+    assert sustained_bytes(tmp_path) == 1 << 30

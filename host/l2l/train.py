@@ -58,6 +58,7 @@ class RunSummary:
     # evaluations, checkpoints): read/write bytes and seconds inside its calls, in total and
     # for "state" and "copies" (their per-entry read and write counts too); docs/disk-tier.md
     eps_disk: dict | None = None
+    eps_disk_at_start: dict | None = None  # the ledger's totals before the first step (eps_disk_now)
 
 
 def _rng_meta() -> dict:
@@ -220,6 +221,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     bar = _progress(cfg, start)
     last_val, last_loss, tps_seen, step_times, digests = None, None, [], [], None
     peak = weight_peak = host_stash = 0
+    disk_now = getattr(getattr(engine, "eps", None), "disk_io_now", None) if cfg.eps_offload is not None else None
+    disk_at_start = disk_now() if disk_now is not None else None  # the ledger before the steps: the build's
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
@@ -255,7 +258,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                            "host_rss_bytes": host_rss, "device_peak_bytes": result.device_peak_bytes,
                            "device_weight_peak_bytes": result.device_weight_peak_bytes,
                            "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
-                           "grad_norm": result.grad_norm})
+                           "grad_norm": result.grad_norm,
+                           **({"eps_disk": disk_now()} if disk_now is not None else {})})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | host {host_rss / 2**30:.2f} GiB" if host_rss else "")
@@ -283,6 +287,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     summary.machines_weights_sha256 = digests
     if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
         summary.eps_disk = engine.eps.disk_io()
+        summary.eps_disk_at_start = disk_at_start
     if plan is not None and step_times:
         line, summary.plan = plan.compare(step_times, peak, summary.host_peak_bytes)
         say(line)

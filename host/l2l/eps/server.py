@@ -318,6 +318,19 @@ class EagerParamServer:
         for layer in list(self._pending):
             self._wait(layer)
 
+    def disk_io_now(self) -> dict | None:
+        """The disk tier's ledger totals as they stand (read/write bytes and seconds, state and
+        copy files together), without waiting for pending updates or writes: cheap enough
+        for every step's record. None without the tier."""
+        ledgers = []
+        if isinstance(self.backend, OffloadedBackend):
+            ledgers.append(self.backend.tier.io.as_dict())
+        if self.copies is not None:
+            ledgers.append(self.copies.tier.io.as_dict())
+        if not ledgers:
+            return None
+        return {k: sum(t[k] for t in ledgers) for k in ("read_bytes", "read_s", "write_bytes", "write_s")}
+
     def disk_io(self) -> dict | None:
         """With ``--eps-offload``: the disk tier's own ledger of its I/O (bytes and seconds
         inside its reads and writes, per direction; :class:`~l2l.eps.disk_tier.IoLedger`)

@@ -39,7 +39,9 @@ from ..eps.disk_tier import FREE_BYTES_ENV, DiskTier, copy_layout, file_bytes
 from .model import Prediction
 from .shapes import EPS_STATE_BYTES, layer_shapes, with_model_shape
 
-PROBE_BYTES = 256 << 20  # each way: long enough to pass any drive cache's burst, short enough to wait for
+PROBE_BYTES = 256 << 20          # l2l plan's quick probe: one entry of this size each way
+SUSTAINED_BYTES = 2 << 30        # l2l bench offload's: past the caches along the way (a VM host's)
+PROBE_CHUNK = 256 << 20          # the sustained probe's entries: this size each
 
 
 # ---------------------------------------------------------------- the files
@@ -107,31 +109,55 @@ def free_bytes(directory: str | os.PathLike) -> int:
 
 @dataclass(frozen=True)
 class DiskRates:
-    """The disk's sequential bandwidth, bytes/s, as the tier moves data."""
+    """The disk's sequential bandwidth, bytes/s, as the tier moves data. Measured
+    (:func:`probe_disk`): each direction's whole transfer, its bytes over its seconds, with
+    each entry's own rate in ``chunks`` (the spread) and the writes timed until durable."""
 
     read_bytes_per_s: float
     write_bytes_per_s: float
     measured: bool = False
     direct: bool | None = None  # the probe's files took O_DIRECT (None: not probed)
-    probe_bytes: int = 0
+    probe_bytes: int = 0        # written, then read, each way (timed)
+    chunks: tuple = ()          # per entry moved: {"op", "entry", "bytes", "s", "synced"}, in time order
 
     def __post_init__(self) -> None:
         if not (self.read_bytes_per_s > 0 and self.write_bytes_per_s > 0):
             raise UserError("disk bandwidth must be positive")
 
+    def spread(self, op: str) -> tuple[float, float, float] | None:
+        """(min, median, max) of the per-entry rates of ``op`` ("read"/"write"), bytes/s."""
+        rates = sorted(c["bytes"] / c["s"] for c in self.chunks if c["op"] == op and c["s"] > 0)
+        return (rates[0], float(np.median(rates)), rates[-1]) if rates else None
 
-def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> DiskRates:
-    """Write and read ``nbytes`` in ``directory`` through the tier itself (``DiskTier``: the
-    same aligned buffers, ``pwritev``/``preadv`` chunks and O_DIRECT as a run) and time it.
 
-    One entry of that size is created (the tier's fallocate + write + rename), rewritten in
-    place (timed: a run rewrites its files in place) and read back (timed: O_DIRECT, so
-    from the disk, not the page cache). The probe's directory is removed after, and
-    ``directory`` too when the probe created it. A directory the tier refuses (not
+def sustained_bytes(directory: str | os.PathLike, target: int = SUSTAINED_BYTES) -> int:
+    """The sustained probe's size in ``directory``: ``target``, but no more than a tenth of
+    its filesystem's free space (the probe writes twice this: the files are made, then
+    rewritten in place, timed), and at least 1 GiB; a multiple of :data:`PROBE_CHUNK`."""
+    size = max(1 << 30, min(target, free_bytes(directory) // 10))
+    return max(PROBE_CHUNK, size // PROBE_CHUNK * PROBE_CHUNK)
+
+
+def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk: int = PROBE_CHUNK) -> DiskRates:
+    """Write then read ``nbytes`` in ``directory`` through the tier itself (``DiskTier``: the
+    same aligned buffers, whole-entry ``pwritev``/``preadv`` and O_DIRECT as a run), timed.
+
+    ``nbytes`` is split into entries of ``chunk`` bytes (one entry when smaller). Each is
+    made first (the tier's fallocate + write + rename; not timed), then all are rewritten in
+    place (a run rewrites its files in place), each entry timed from its ``pwritev`` to the
+    end of an ``os.fdatasync`` of its file: an O_DIRECT write may still sit in a cache below
+    (a virtual disk's host), and the tier does not sync its writes, so the probe waits until
+    the data is durable. Then the entries are read back in the order they were written,
+    first the one written longest ago (O_DIRECT: not from the page cache; and after the
+    writes of all the others, so a cache smaller than ``nbytes`` no longer holds it), each
+    timed. Each direction's rate is its whole transfer: bytes over the sum of its entries'
+    seconds; each entry's record is in ``chunks``. The probe's directory is removed after,
+    and ``directory`` too when the probe created it. A directory the tier refuses (not
     creatable, not writable, too little space) is its one-line UserError."""
     directory = Path(directory)
     created = not directory.exists()
-    numel = max(1, nbytes // EPS_STATE_BYTES)
+    count = max(1, -(-nbytes // chunk))
+    numel = max(1, min(nbytes, chunk) // EPS_STATE_BYTES)
     where = f"--eps-offload {directory}"
     try:
         directory.mkdir(parents=True, exist_ok=True)  # as the run would
@@ -143,23 +169,31 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> DiskR
         probe = Path(tempfile.mkdtemp(prefix=".l2l-disk-probe-", dir=directory))
     except OSError as exc:
         raise UserError(f"{where}: not writable ({exc.strerror or exc})") from None
+    chunks: list[dict] = []
     try:
-        tier = DiskTier(probe, uuid.uuid4().hex, {0: numel}, direct=True)
+        tier = DiskTier(probe, uuid.uuid4().hex, {e: numel for e in range(count)}, direct=True)
         try:
             slab = tier.slab(0)
             slab.raw[4096:] = 1  # not zeros: nothing along the way may shortcut them
-            tier.store(slab)  # create the file (allocated, then written once)
-            t0 = time.perf_counter()
-            tier.store(slab)
-            write_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            tier.read(0)
-            read_s = time.perf_counter() - t0
+            for e in range(count):  # make the files: allocated, then written once
+                tier.retarget(slab, e)
+                tier.store(slab)
+            for e in range(count):  # rewritten in place, each until durable
+                tier.retarget(slab, e)
+                t0 = time.perf_counter()
+                tier.store(slab)
+                os.fdatasync(tier.fd(e))
+                chunks.append({"op": "write", "entry": e, "bytes": slab.raw.nbytes,
+                               "s": time.perf_counter() - t0, "synced": True})
+            for e in range(count):  # read back from the first written
+                t0 = time.perf_counter()
+                tier.read(e, into=slab)
+                chunks.append({"op": "read", "entry": e, "bytes": slab.raw.nbytes,
+                               "s": time.perf_counter() - t0, "synced": False})
             direct = tier.uses_direct(0)
-            size = slab.raw.nbytes
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise UserError(f"{where}: no space for the disk probe ({size_of(nbytes)})") from None
+                raise UserError(f"{where}: no space for the disk probe ({size_of(count * numel * EPS_STATE_BYTES)})") from None
             raise UserError(f"{where}: the disk probe failed ({exc.strerror or exc})") from None
         finally:
             tier.close()
@@ -167,7 +201,13 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> DiskR
         shutil.rmtree(probe, ignore_errors=True)
         if created:
             shutil.rmtree(directory, ignore_errors=True)
-    return DiskRates(size / read_s, size / write_s, measured=True, direct=direct, probe_bytes=size)
+
+    def rate(op: str) -> tuple[float, int]:
+        moved = sum(c["bytes"] for c in chunks if c["op"] == op)
+        return moved / sum(c["s"] for c in chunks if c["op"] == op), moved
+
+    (read, size), (write, _) = rate("read"), rate("write")
+    return DiskRates(read, write, measured=True, direct=direct, probe_bytes=size, chunks=tuple(chunks))
 
 
 def size_of(n: float) -> str:
@@ -230,6 +270,7 @@ class DiskPlan:
     write_bytes_per_s: float
     measured: bool
     direct: bool | None
+    probe_bytes: int             # what the probe wrote and read, each way (0: given)
     io_s: float                  # the disk busy per step
     exposed_s: float             # what the I/O adds to the step
     hidden_share: float
@@ -254,7 +295,7 @@ def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | 
         params=sum(numels.values()), state_file_bytes=files, traffic_bytes=2 * files,
         free_bytes=free_bytes(cfg.eps_offload) if free is None else free,
         read_bytes_per_s=rates.read_bytes_per_s, write_bytes_per_s=rates.write_bytes_per_s,
-        measured=rates.measured, direct=rates.direct, io_s=io, exposed_s=exposed,
+        measured=rates.measured, direct=rates.direct, probe_bytes=rates.probe_bytes, io_s=io, exposed_s=exposed,
         hidden_share=1.0 if io == 0 else 1.0 - exposed / io, step_s=p.step_s + exposed,
         window_bytes=window_bytes(numels, cfg.eps_offload_window),
         host_total_bytes=host_bytes_with_tier(p, numels, cfg.eps_offload_window, cfg.eps_offload_copies),
@@ -263,8 +304,9 @@ def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | 
 
 def format_disk(d: DiskPlan) -> str:
     """The disk tier's lines of ``l2l plan``."""
-    how = ("measured" + (", O_DIRECT" if d.direct else ", buffered (no O_DIRECT here)") if d.measured
-           else "given")
+    quick = " (quick: may fit a cache; l2l bench offload's is sustained)" if d.probe_bytes < 1 << 30 else ""
+    how = (f"measured, probe: {size_of(d.probe_bytes)} each way{quick}, writes synced"
+           + (", O_DIRECT" if d.direct else ", buffered (no O_DIRECT here)") if d.measured else "given")
     fits = "fits" if d.state_file_bytes <= d.free_bytes else "DOES NOT FIT"
     per_param = d.traffic_bytes / d.params
     return "\n".join([
