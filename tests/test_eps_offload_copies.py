@@ -141,9 +141,11 @@ def test_copies_in_memory_stay_a_few_entries(tmp_path):
     assert eps.copies.reads_on_demand <= 3, eps.copies.reads_on_demand
 
 
-@pytest.mark.parametrize("eps, precision", [("numpy", "fp32"), ("numpy", "bf16"), ("opencl", "fp32")])
-def test_train_with_copies_on_disk_is_the_same_run(tmp_path, eps, precision):
-    extra = ["--eps", eps, "--precision", precision]
+@pytest.mark.parametrize("eps, precision, devices", [("numpy", "fp32", 1), ("numpy", "bf16", 1), ("opencl", "fp32", 1),
+                                                     ("numpy", "fp32", 2)])
+def test_train_with_copies_on_disk_is_the_same_run(tmp_path, eps, precision, devices):
+    """Two relay workers fetch the copies from threads of their own: the same run too."""
+    extra = ["--eps", eps, "--precision", precision, "--devices", str(devices)]
     ram, disk = tmp_path / "ram", tmp_path / "disk"
     assert _train(ram, *extra).returncode == 0
     r = _train(disk, *extra, "--eps-offload", str(tmp_path / "eps"), "--eps-offload-copies")

@@ -103,6 +103,9 @@ class DiskCopies:
             else:
                 self.reads_ahead += 1
                 mine = None
+            # lent before the lock is let go: another worker's look-ahead may evict and refill
+            # any buffer not lent (several relay workers fetch from their own threads)
+            lent = held.lend()
             self._steer(entry)
             self._look_ahead(entry)
         if mine is not None:
@@ -116,7 +119,7 @@ class DiskCopies:
                 raise
         if held.read is not None:
             held.read.result()  # a damaged file: its one-line error, here
-        return held.lend()
+        return lent
 
     def _steer(self, entry: int) -> None:
         """The direction of the fetches: set by two fetches of neighbouring entries, kept
