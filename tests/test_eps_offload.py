@@ -278,6 +278,31 @@ def test_a_failed_write_surfaces_at_close(tmp_path, monkeypatch):
         eps.close()
 
 
+def test_a_write_failing_mid_run_is_raised_once_as_itself(tmp_path, monkeypatch):
+    """A disk error in a write behind an update ends the run once, as the OSError it is (the
+    CLI's one line for the environment), at the next call into the EPS; the reads queued
+    behind it and close() do not raise it again."""
+    tier = DiskTier(tmp_path, run_id(), {e: 100 for e in range(4)})
+    eps = EagerParamServer(OffloadedBackend(NumpyBackend(), tier, window=1), AdamWHyper())
+    for e in range(4):
+        eps.add_layer(e, np.ones(100, np.float32))
+
+    def broken(slab):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(tier, "store", broken)
+    raised = []
+    for e in (3, 2, 1, 0):
+        try:
+            eps.gradient_inbox(e)[...] = 1.0
+            eps.push_gradient(e, divisor=1.0)
+            eps.synchronize()
+        except OSError as exc:
+            raised.append(exc)
+            break
+    assert len(raised) == 1 and raised[0].errno == errno.EIO
+    eps.close()  # quiet: the error was raised
+
+
 def test_a_file_damaged_mid_run_is_one_line(tmp_path):
     """A state file changed under a running tier: the update that reads it fails, and the
     relay's next fetch raises the tier's one-line UserError (not a worker traceback)."""

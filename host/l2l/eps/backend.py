@@ -79,6 +79,12 @@ class EpsBackend(ABC):
         """The next updates come in this entry order (held steps commit in ascending order); a
         backend that reads state ahead of its updates reads in this order. Default: ignored."""
 
+    def disk_ledger(self, *, settle: bool) -> dict | None:
+        """A backend whose state is in files (the disk tier): its own account of that I/O
+        (:class:`~l2l.eps.disk_tier.IoLedger` as a dict), after its pending writes when
+        ``settle``; None for state in memory."""
+        return None
+
     def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""
 

@@ -42,6 +42,7 @@ class OffloadedBackend(EpsBackend):
         self._ahead: OrderedDict[int, Future] = OrderedDict()   # entry -> its read (a Slab)
         self._writes: OrderedDict[int, Future] = OrderedDict()  # entry -> its write, oldest first
         self._fresh: Slab | None = None  # the entry just allocated or loaded, for its write_copy
+        self._raised: set[int] = set()  # the I/O errors already raised (by id)
         self._lock = threading.Lock()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-disk-read")
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-disk-write")
@@ -97,7 +98,7 @@ class OffloadedBackend(EpsBackend):
             fut = self._ahead.pop(entry, None)
         if fut is not None:
             self.reads_ahead += 1
-            return fut.result()
+            return self._value(fut)
         self.reads_on_demand += 1
         self._wait_write(entry)
         return self.tier.read(entry)
@@ -111,7 +112,7 @@ class OffloadedBackend(EpsBackend):
         with self._lock:
             fut = self._ahead.get(entry)
         if fut is not None:
-            return fut.result(), False
+            return self._value(fut), False
         self._wait_write(entry)
         return self.tier.read(entry), True
 
@@ -125,11 +126,28 @@ class OffloadedBackend(EpsBackend):
         if self._fresh is not None and self._fresh.entry == entry:
             self._fresh = None
 
+    def _outcome(self, fut: Future) -> None:
+        """Wait for a write, raising its I/O error only once: a write that failed is also what
+        the reads queued after it and every later wait would raise again (the first raise
+        has ended the run; ``close`` then cleans up quietly)."""
+        exc = fut.exception()
+        if exc is not None and id(exc) not in self._raised:
+            self._raised.add(id(exc))
+            raise exc
+
+    def _value(self, fut: Future) -> Slab:
+        """A read's slab; its error (perhaps the failed write it waited for) counts as raised."""
+        try:
+            return fut.result()
+        except BaseException as exc:
+            self._raised.add(id(exc))
+            raise
+
     def _wait_write(self, entry: int) -> None:
         with self._lock:
             fut = self._writes.get(entry)
         if fut is not None:
-            fut.result()  # an I/O error surfaces here, in the caller's thread
+            self._outcome(fut)  # an I/O error surfaces here, in the caller's thread
 
     def _write_behind(self, slab: Slab) -> None:
         """Queue the slab's write; at most ``window`` writes wait (the oldest is waited for)."""
@@ -141,7 +159,7 @@ class OffloadedBackend(EpsBackend):
                     self._writes[slab.entry] = self._writer.submit(self.tier.store, slab)
                     return
                 oldest = next(iter(self._writes.values()))
-            oldest.result()
+            self._outcome(oldest)
             self._settle_writes()
 
     def _settle_writes(self) -> None:
@@ -151,7 +169,7 @@ class OffloadedBackend(EpsBackend):
             for e, _ in done:
                 del self._writes[e]
         for _, fut in done:
-            fut.result()
+            self._outcome(fut)
 
     def _store_now(self, entry: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
         self._forget(entry)
@@ -221,8 +239,13 @@ class OffloadedBackend(EpsBackend):
         with self._lock:
             pending = list(self._writes.values())
         for fut in pending:
-            fut.result()
+            self._outcome(fut)
         self._settle_writes()
+
+    def disk_ledger(self, *, settle: bool) -> dict:
+        if settle:
+            self.flush()
+        return self.tier.io.as_dict()
 
     def close(self) -> None:
         """Wait for the pending writes (raising the first that failed), then close the files

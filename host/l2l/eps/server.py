@@ -33,7 +33,6 @@ from ..errors import EpsWorkerError, PeerLostError, UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .copy_window import DiskCopies
-from .offload_backend import OffloadedBackend
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
@@ -309,8 +308,8 @@ class EagerParamServer:
 
     def poll(self) -> None:
         """Raise the first worker error, if any."""
-        if isinstance(self._error, (PeerLostError, UserError)):
-            raise self._error  # already one clear line (a lost machine; a damaged --eps-offload file)
+        if isinstance(self._error, (PeerLostError, UserError, OSError)):
+            raise self._error  # already one clear line (a lost machine; a damaged --eps-offload file; a disk error)
         if self._error is not None:
             raise EpsWorkerError(f"EPS update failed: {self._error!r}") from self._error
 
@@ -323,8 +322,9 @@ class EagerParamServer:
         copy files together), without waiting for pending updates or writes: cheap enough
         for every step's record. None without the tier."""
         ledgers = []
-        if isinstance(self.backend, OffloadedBackend):
-            ledgers.append(self.backend.tier.io.as_dict())
+        state = self.backend.disk_ledger(settle=False)
+        if state is not None:
+            ledgers.append(state)
         if self.copies is not None:
             ledgers.append(self.copies.tier.io.as_dict())
         if not ledgers:
@@ -337,10 +337,10 @@ class EagerParamServer:
         after the pending updates and writes, for the state files and, with
         ``--eps-offload-copies``, the copy files, and their sum. None without the tier."""
         tiers = {}
-        if isinstance(self.backend, OffloadedBackend):
-            self.synchronize()
-            self.backend.flush()
-            tiers["state"] = self.backend.tier.io.as_dict()
+        self.synchronize()
+        state = self.backend.disk_ledger(settle=True)
+        if state is not None:
+            tiers["state"] = state
         if self.copies is not None:
             self.synchronize()
             self.copies.flush()
