@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -145,3 +146,20 @@ def test_sustained_size_is_a_tenth_of_free_space_at_least_1_gib(tmp_path, monkey
     assert sustained_bytes(tmp_path) == (15 << 30) // 10 // (256 << 20) * (256 << 20)
     monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(3 << 30))
     assert sustained_bytes(tmp_path) == 1 << 30
+
+
+def test_with_the_copies_on_disk_the_plan_counts_their_files_and_traffic(tmp_path):
+    """--eps-offload-copies: the space the run's start-up check asks for (state and copy files)
+    and the copies' traffic (read by the forward and the backward, written by the update)."""
+    base = TrainConfig(layers=2, d_model=32, heads=2, seq_len=16, precision="bf16", eps_offload=str(tmp_path))
+    real = list(entry_numels(base).values())
+    state = sum(4096 + 3 * _padded(n) for n in real)
+    copy = sum(4096 + _padded_bytes(2 * n) for n in real)
+    apart = plan_disk(base, predict(base, RATES), DiskRates(1e9, 1e9), free=1 << 40)
+    both = plan_disk(replace(base, eps_offload_copies=True), predict(base, RATES), DiskRates(1e9, 1e9), free=1 << 40)
+    assert apart.state_file_bytes == state and apart.traffic_bytes == 2 * state
+    assert both.state_file_bytes == state + copy and both.traffic_bytes == 2 * state + 3 * copy
+
+
+def _padded_bytes(nbytes: int) -> int:
+    return -(-nbytes // 4096) * 4096

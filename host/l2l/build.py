@@ -53,7 +53,7 @@ def offload_tier(cfg: TrainConfig, stack: LayerStack, run_id: str) -> DiskTier:
 def copy_tier(cfg: TrainConfig, state: DiskTier) -> DiskTier:
     """The files of the device copies (``--eps-offload-copies``), beside ``state``'s."""
     return DiskTier(cfg.eps_offload, state.run_id, state.numels, layout=copy_layout(COPY_DTYPES[cfg.precision]),
-                    also_needs=state.total_bytes())
+                    also_needs=state.total_bytes() - state.held_bytes)
 
 
 def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, rank: int = 0,

@@ -33,11 +33,9 @@ import time
 from pathlib import Path
 
 from ..config import TrainConfig
-from ..eps.disk_tier import copy_layout
-from ..eps.numerics import COPY_DTYPES
 from ..errors import UserError
 from ..options import Parser
-from ..planner.disk import entry_numels, probe_disk, size_of, state_file_bytes, sustained_bytes
+from ..planner.disk import entry_numels, probe_disk, size_of, state_file_bytes, sustained_bytes, traffic
 from .output import save_results
 
 BEGIN = "<!-- l2l bench offload: begin -->"
@@ -213,18 +211,6 @@ def steps_ledger(summary: dict, records: list[dict]) -> dict | None:
     diff = lambda a, b: {k: a[k] - b[k] for k in keys}  # noqa: E731
     return {"total": diff(marks[-1], start),
             "per_step": [diff(m, p) for m, p in zip(marks, [start, *marks[:-1]])]}
-
-
-def traffic(numels: dict[int, int], copy_dtype: str | None) -> tuple[int, int]:
-    """(bytes read, bytes written) by the tier in one training step: every state file read
-    and written once; with the copies on disk, every copy file read twice (forward and
-    backward fetch) and written once (the update)."""
-    state = state_file_bytes(numels)
-    if copy_dtype is None:
-        return state, state
-    lay = copy_layout(COPY_DTYPES[copy_dtype])
-    copies = sum(lay.file_bytes(n) for n in numels.values())
-    return state + 2 * copies, state + copies
 
 
 def run_offload_bench(argv: list[str]) -> int:

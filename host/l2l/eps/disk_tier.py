@@ -63,6 +63,15 @@ F32 = np.dtype("<f4")
 FREE_BYTES_ENV = "L2L_TEST_EPS_OFFLOAD_FREE_BYTES"
 
 
+def free_bytes_at(directory: str | os.PathLike) -> int:
+    """Free bytes on ``directory``'s filesystem (it exists), or the test hook's figure when it
+    holds a number (anything else in it is ignored: the real figure)."""
+    override = os.environ.get(FREE_BYTES_ENV, "")
+    if override.isdigit():
+        return int(override)
+    return shutil.disk_usage(directory).free
+
+
 class IoLedger:
     """The tier's own account of its I/O: bytes moved and seconds spent inside its whole-entry
     reads and writes (``preadv``/``pwritev`` of an image, and for buffered files the page
@@ -130,11 +139,6 @@ STATE = Layout("state", MAGIC, MANIFEST, F32, 3)
 def copy_layout(dtype) -> Layout:
     """The files of the device copies (fp32, bf16 or fp16: the run's ``--precision``)."""
     return Layout("copy", b"L2LCOPY1", "copies.json", np.dtype(dtype), 1)
-
-
-def region_bytes(numel: int) -> int:
-    """Bytes of one of p, m, v in a state file: 4 a parameter, padded to :data:`BLOCK`."""
-    return STATE.region_bytes(numel)
 
 
 def file_bytes(numel: int) -> int:
@@ -232,6 +236,7 @@ class DiskTier:
             if os.path.lexists(path):
                 self._check_file(entry, path)
                 held += self.layout.file_bytes(numel)
+        self.held_bytes = held  # already on disk (a resume): no new space needed for them
         need = self.total_bytes() - held + self.also_needs
         free = self.free_bytes()
         if need > free:
@@ -243,10 +248,7 @@ class DiskTier:
         return sum(self.layout.file_bytes(n) for n in self.numels.values())
 
     def free_bytes(self) -> int:
-        override = os.environ.get(FREE_BYTES_ENV)
-        if override is not None:
-            return int(override)
-        return shutil.disk_usage(self.directory).free
+        return free_bytes_at(self.directory)
 
     def _check_manifest(self, path: Path) -> None:
         if not os.path.lexists(path):
@@ -256,9 +258,9 @@ class DiskTier:
         except (OSError, UnicodeDecodeError, ValueError):
             doc = None
         if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-            raise UserError(f"{self.where}: {MANIFEST} is not an l2l EPS offload manifest; give an empty directory")
+            raise UserError(f"{self.where}: {path.name} is not an l2l EPS offload manifest; give an empty directory")
         if doc.get("version") != VERSION:
-            raise UserError(f"{self.where}: {MANIFEST} has format version {doc.get('version')!r}; this l2l "
+            raise UserError(f"{self.where}: {path.name} has format version {doc.get('version')!r}; this l2l "
                             f"writes version {VERSION}")
         if doc.get("run") != self.run_id:
             raise UserError(f"{self.where} holds the EPS state of another run ({doc.get('run')}): give an empty "

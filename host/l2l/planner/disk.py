@@ -35,7 +35,8 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..errors import UserError
-from ..eps.disk_tier import FREE_BYTES_ENV, DiskTier, copy_layout, file_bytes
+from ..eps.disk_tier import DiskTier, copy_layout, file_bytes, free_bytes_at
+from ..eps.numerics import COPY_DTYPES
 from .model import Prediction
 from .shapes import EPS_STATE_BYTES, layer_shapes, with_model_shape
 
@@ -67,6 +68,29 @@ def state_file_bytes(numels: dict[int, int]) -> int:
     return sum(file_bytes(n) for n in numels.values())
 
 
+def copy_file_bytes(numels: dict[int, int], copy_dtype: str | None) -> int:
+    """What the device copies' files take on disk with ``--eps-offload-copies`` (``copy_dtype``
+    the run's precision); 0 when the copies stay in memory (None)."""
+    if copy_dtype is None:
+        return 0
+    lay = copy_layout(COPY_DTYPES[copy_dtype])
+    return sum(lay.file_bytes(n) for n in numels.values())
+
+
+def tier_file_bytes(cfg: TrainConfig, numels: dict[int, int]) -> int:
+    """Everything the tier keeps on disk for ``cfg``: the state files, and the copies' with
+    ``--eps-offload-copies`` (what the run's start-up check asks of the free space)."""
+    return state_file_bytes(numels) + copy_file_bytes(numels, cfg.precision if cfg.eps_offload_copies else None)
+
+
+def traffic(numels: dict[int, int], copy_dtype: str | None) -> tuple[int, int]:
+    """(bytes read, bytes written) by the tier in one training step: every state file read
+    and written once; with the copies on disk (``copy_dtype``), every copy file read twice
+    (the forward's fetch and the backward's) and written once (the update)."""
+    state, copies = state_file_bytes(numels), copy_file_bytes(numels, copy_dtype)
+    return state + 2 * copies, state + copies
+
+
 def window_bytes(numels: dict[int, int], window: int) -> int:
     """The tier's host memory at most: ``2N + 1`` file images of the largest entry."""
     return (2 * window + 1) * max(file_bytes(n) for n in numels.values())
@@ -94,15 +118,12 @@ def free_bytes(directory: str | os.PathLike) -> int:
     """Free bytes on the filesystem that holds (or will hold) ``directory``: its nearest
     existing ancestor's. The tier's test hook ``L2L_TEST_EPS_OFFLOAD_FREE_BYTES`` rules
     when set, as it does for the tier's own start-up check."""
-    override = os.environ.get(FREE_BYTES_ENV)
-    if override is not None:
-        return int(override)
     path = Path(directory).absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
     if not path.is_dir():
         raise UserError(f"--eps-offload {directory}: {path} is not a directory")
-    return shutil.disk_usage(path).free
+    return free_bytes_at(path)
 
 
 # ---------------------------------------------------------------- the disk's bandwidth
@@ -288,11 +309,12 @@ def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | 
     """The tier's traffic, its time against the backward compute, and the host memory
     with it, for ``cfg`` predicted as ``p``."""
     numels = entry_numels(cfg)
-    files = state_file_bytes(numels)
+    files = tier_file_bytes(cfg, numels)
     io, exposed, detail = overlap(slots_of(p, numels), rates)
     return DiskPlan(
         directory=str(cfg.eps_offload), window=cfg.eps_offload_window, entries=len(numels),
-        params=sum(numels.values()), state_file_bytes=files, traffic_bytes=2 * files,
+        params=sum(numels.values()), state_file_bytes=files,
+        traffic_bytes=sum(traffic(numels, cfg.precision if cfg.eps_offload_copies else None)),
         free_bytes=free_bytes(cfg.eps_offload) if free is None else free,
         read_bytes_per_s=rates.read_bytes_per_s, write_bytes_per_s=rates.write_bytes_per_s,
         measured=rates.measured, direct=rates.direct, probe_bytes=rates.probe_bytes, io_s=io, exposed_s=exposed,

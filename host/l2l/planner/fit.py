@@ -107,11 +107,10 @@ def _exact(cfg: TrainConfig, rates: Rates, db: int) -> tuple[int, ...]:
     p = predict(cfg, rates, dtype_bytes=db)
     if cfg.eps_offload is None:
         return p.params, p.host_total_bytes, p.device_total_bytes
-    from .disk import entry_numels, host_bytes_with_tier, state_file_bytes
+    from .disk import entry_numels, host_bytes_with_tier, tier_file_bytes
     numels = entry_numels(cfg)
     return (p.params, host_bytes_with_tier(p, numels, cfg.eps_offload_window, cfg.eps_offload_copies),
-            p.device_total_bytes,
-            state_file_bytes(numels))
+            p.device_total_bytes, tier_file_bytes(cfg, numels))
 
 
 def depth_model(cfg: TrainConfig, rates: Rates, db: int) -> Callable[[int], tuple[int, ...]]:
