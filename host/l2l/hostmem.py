@@ -30,6 +30,7 @@ import ctypes
 import mmap
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +92,7 @@ class HeapTrimmer:
         self._last = 0.0                 # when the last trim was
         self._refault = 0                # the most a layer faulted back in after a trim
         self._measuring = False
+        self._lock = threading.Lock()  # the relay's workers (--devices K) share the process's heap
         self._libc = None
         if os.environ.get("L2L_MALLOC_TUNING", "1") != "0" and sys.platform.startswith("linux"):
             try:
@@ -116,6 +118,10 @@ class HeapTrimmer:
         planner's measurements and the initial weights left free goes back before training."""
         if self._libc is None:
             return
+        with self._lock:
+            self._trim()
+
+    def _trim(self) -> None:
         self._libc.malloc_trim(0)
         self.trims += 1
         self._after = self.resident_free()
@@ -126,6 +132,10 @@ class HeapTrimmer:
         when it trimmed."""
         if self._libc is None:
             return False
+        with self._lock:
+            return self._maybe_trim()
+
+    def _maybe_trim(self) -> bool:
         free = self.resident_free()
         if self._after is None or free < self._after:
             self._after = free
@@ -138,9 +148,21 @@ class HeapTrimmer:
         cost = self._refault * fault_seconds_per_byte()
         if time.perf_counter() - self._last < cost / self.budget:
             return False
-        self.trim()
+        self._trim()
         self._measuring = True
         return True
+
+
+_process_trimmer: HeapTrimmer | None = None
+
+
+def process_heap_trimmer() -> HeapTrimmer:
+    """The process's one trimmer: the heap is the process's, so the relay's workers share it
+    (one budget, one measurement), whichever engine asks first makes it."""
+    global _process_trimmer
+    if _process_trimmer is None:
+        _process_trimmer = HeapTrimmer()
+    return _process_trimmer
 
 
 _fault_seconds_per_byte: float | None = None

@@ -23,7 +23,7 @@ import torch
 from ..data import Batch
 from ..engine import StepResult
 from ..eps import EagerParamServer
-from ..hostmem import HeapTrimmer
+from ..hostmem import process_heap_trimmer
 from ..models import FlatLayout, Layer, LayerStack
 from .binding import WeightBinding
 from .ledger import MemoryLedger
@@ -116,7 +116,7 @@ class RelayEngine:
         self._recorder = Recorder(device)
         self._store: BoundaryStore | None = None  # the running step's stash (None between steps)
         self.boundary_hooks: list[Callable[[RelayEngine, str, int], None]] = []
-        self.heap_trimmer = HeapTrimmer()  # the host heap's holes, handed back between layers
+        self.heap_trimmer = process_heap_trimmer()  # the host heap's holes, handed back between layers
         self.heap_trimmer.trim()  # and the build's, now
 
     # ------------------------------------------------------------ weights
