@@ -418,3 +418,36 @@ def test_agrees_with_torch_adamw():
     print(f"\nNumPy EPS vs torch.optim.AdamW after 10 steps: max|diff|/max|w| = {rel:.3e}")
     assert rel <= 1e-6, f"max|diff|/max|w| = {rel:.3e}"
     assert np.array_equal(copy, ours.astype(np.float32))
+
+
+@pytest.mark.parametrize("gdtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_one_unscaled_narrow_contribution_updates_from_itself(gdtype, bad):
+    """K = 1 and a scale of 1 (bf16 training): the NumPy EPS widens the gradient a chunk at a
+    time instead of reducing it into a layer-sized buffer: the same bits as the reduction,
+    and a non-finite element (found by its exponent bits) still changes nothing."""
+    rng = np.random.default_rng(7)
+    n = 3 * numerics.CHUNK + 11  # several chunks and a tail
+    p, m = wide_f32(rng, n), wide_f32(rng, n)
+    v = wide_f32(rng, n, nonneg=True)
+    g = (rng.standard_normal(n) * 1e-2).astype(GRAD_DTYPES[gdtype])
+    s = StepScalars.compute(AdamWHyper(lr=1e-3), 3, 1.0, 1.0)
+    assert s.inv_scale == np.float32(1) and numerics.unreduced([g], s.inv_scale, n) is g
+    widened = np.empty(n, np.float32)
+    assert numerics.reduce_gradients([g], s.inv_scale, widened)
+    want = [a.copy() for a in (p, m, v)]
+    want_copy = np.empty(n, COPY_DTYPES["bf16"])
+    numerics.adamw_update(*want, widened, s, copy_out=want_copy)
+    be = NumpyBackend()
+    be.allocate(0, p)
+    be.write_state(0, p, m, v)
+    copy = np.empty(n, COPY_DTYPES["bf16"])
+    assert be.step(0, [g], s, copy) is True
+    for got, exp in zip(be.read_state(0), want):
+        assert np.array_equal(got.view(np.uint32), exp.view(np.uint32))
+    assert np.array_equal(copy.view(np.uint16), want_copy.view(np.uint16))
+    g[2 * numerics.CHUNK + 5] = bad
+    before = be.read_state(0)
+    assert be.step(0, [g], s, copy) is False
+    for got, exp in zip(be.read_state(0), before):
+        assert np.array_equal(got.view(np.uint32), exp.view(np.uint32))

@@ -51,7 +51,7 @@ class NumpyBackend(EpsBackend):
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
         n = self._p[layer].shape[0]
-        g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled binary32 contribution: itself
+        g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled contribution: itself, widened per chunk
         if g is not None:
             if not numerics.all_finite(g):
                 return False

@@ -353,13 +353,13 @@ def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, 
     allocator (4 bytes a parameter of the largest layer); a layer's backward makes its
     weight gradients before adding them to the inbox (about one layer in the compute
     dtype, per worker); the NumPy EPS reduces the contributions into one fp32 buffer
-    of the largest layer before it updates (unless there is one binary32 contribution
-    and no loss scale: then the inbox is the reduced gradient). On the CPU
+    of the largest layer before it updates (unless there is one contribution and no
+    loss scale: then the inbox is the reduced gradient, widened a chunk at a time). On the CPU
     device the device's memory is host memory: the relay's stash and boundaries (its
     ledger, less the weights and gradients, which are the EPS's own arrays there) and one
     layer's activations."""
     transient = largest * 4 + largest * db * cfg.devices
-    if cfg.devices > 1 or db < 4:
+    if cfg.devices > 1 or cfg.precision == "fp16":  # fp16 has a loss scale: bf16 and fp32 one worker, none
         transient += largest * 4
     if not on_cuda:
         transient += ledger["device"] - ledger["weights"] + act_bytes
