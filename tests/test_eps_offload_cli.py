@@ -13,20 +13,16 @@ import pytest
 
 from l2l.checkpoint import load_latest
 from l2l.eps.disk_tier import BLOCK, FREE_BYTES_ENV, entry_file
-from l2l.metrics import read_metrics
 
 from conftest import ROOT, run_cli
-from test_train_cli import TINY
+from test_cli_modes import _one_line_error  # noqa: F401  (also used by test_eps_offload_copies)
+from test_train_cli import TINY, _final
 
 RUN = ["--steps", "4", "--save-every", "2", "--eval-every", "2", "--no-plot"]
 
 
 def _train(out, *extra, env=None):
     return run_cli("train", *TINY, "--out", str(out), "--no-progress", *RUN, *extra, env=env)
-
-
-def _final(out):
-    return [rec["loss"] for rec in read_metrics(out / "metrics.jsonl")], load_latest(out).tensors
 
 
 def _assert_same_run(got, want):
@@ -40,14 +36,6 @@ def _assert_same_run(got, want):
 
 def _snapshot(path):
     return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()} if path.exists() else None
-
-
-def _one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("l2l: error: "), r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..options import Parser
-from .output import save_results
+from .output import publish
 
 SIZES = {"quick": [(2, 64, 4)], "full": [(8, 1024, 16), (16, 1024, 16), (64, 512, 8)]}
 BEGIN = "<!-- l2l bench host: begin -->"
@@ -100,9 +100,5 @@ def run_host_bench(argv: list[str]) -> int:
                           f"prediction {r['prediction_error']:+.1%}", flush=True)
     command = " ".join(["l2l bench host", *argv])
     table = markdown(rows, command)
-    save_results(args.out, "host", {"command": command, "rows": rows}, table)
-    results = args.results if args.results is not None else ("" if args.quick else "docs/results.md")
-    if results and Path(results).exists():
-        from .suite import regenerate_section
-        regenerate_section(Path(results), table, begin=BEGIN, end=END)
+    publish(args, "host", {"command": command, "rows": rows}, table, begin=BEGIN, end=END)
     return 0

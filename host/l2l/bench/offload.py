@@ -36,7 +36,7 @@ from ..config import TrainConfig
 from ..errors import UserError
 from ..options import Parser
 from ..planner.disk import entry_numels, probe_disk, size_of, state_file_bytes, sustained_bytes, traffic
-from .output import save_results
+from .output import publish
 
 BEGIN = "<!-- l2l bench offload: begin -->"
 END = "<!-- l2l bench offload: end -->"
@@ -302,11 +302,7 @@ def run_offload_bench(argv: list[str]) -> int:
     }
     command = " ".join(["l2l bench offload", *argv])
     table = markdown(row, command)
-    save_results(args.out, "offload", {"command": command, "row": row}, table)
-    results = args.results if args.results is not None else ("" if args.quick else "docs/results.md")
-    if results and Path(results).exists():
-        from .suite import regenerate_section
-        regenerate_section(Path(results), table, begin=BEGIN, end=END)
+    publish(args, "offload", {"command": command, "row": row}, table, begin=BEGIN, end=END)
     return 0
 
 
