@@ -21,5 +21,19 @@ def publish(args, stem: str, result: dict, table: str, *, begin: str, end: str) 
     save_results(args.out, stem, result, table)
     results = args.results if args.results is not None else ("" if args.quick else "docs/results.md")
     if results and Path(results).exists():
-        from .suite import regenerate_section  # the suite imports the benchmarks
         regenerate_section(Path(results), table, begin=begin, end=end)
+
+
+def regenerate_section(path: Path, block: str, *, begin: str, end: str) -> None:
+    """Replace the text between the markers ``begin`` and ``end`` in ``path`` with ``block``
+    (appended, with the markers, when the file has none); everything else stays."""
+    text = path.read_text() if path.exists() else ""
+    fresh = f"{begin}\n{block.strip()}\n{end}"
+    if begin in text and end in text.split(begin, 1)[1]:
+        before, rest = text.split(begin, 1)
+        text = before + fresh + rest.split(end, 1)[1]
+    else:
+        text = (text.rstrip() + "\n\n" if text else "") + fresh + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -22,6 +22,7 @@ import torch
 from ..options import Parser
 from .eps import markdown as eps_markdown, run_eps_bench_result
 from .memory import run_memory_bench
+from .output import regenerate_section
 from .relay import run_relay_bench
 
 
@@ -37,21 +38,6 @@ def _parser() -> Parser:
 
 BEGIN = "<!-- l2l bench suite: begin -->"
 END = "<!-- l2l bench suite: end -->"
-
-
-def regenerate_section(path: Path, block: str, *, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the text between the markers ``begin`` and ``end`` in ``path`` with ``block``
-    (appended, with the markers, when the file has none); everything else stays."""
-    text = path.read_text() if path.exists() else ""
-    fresh = f"{begin}\n{block.strip()}\n{end}"
-    if begin in text and end in text.split(begin, 1)[1]:
-        before, rest = text.split(begin, 1)
-        text = before + fresh + rest.split(end, 1)[1]
-    else:
-        text = (text.rstrip() + "\n\n" if text else "") + fresh + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def results_block(text: str, when: str, machine: str) -> str:
@@ -159,6 +145,6 @@ def run_suite(argv: list[str]) -> int:
     if results:
         when = time.strftime("%Y-%m-%d %H:%M %Z")
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
-        regenerate_section(Path(results), results_block(text, when, machine))
+        regenerate_section(Path(results), results_block(text, when, machine), begin=BEGIN, end=END)
         print(f"regenerated the suite section of {results}")
     return 0
