@@ -231,3 +231,52 @@ def test_unreadable_file(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.open", deny)
     msg = _one_line_user_error(lambda: load_corpus(str(f)))
     assert "Permission denied" in msg
+
+
+# -- the cache and its memory maps -------------------------------------------
+
+MAPPED_PROBE = r"""
+import sys
+import numpy as np
+from l2l import hostmem
+from l2l.data import BatchSampler, load_corpus
+before = hostmem.memory_status()["RssAnon"]
+corpus = load_corpus(sys.argv[1], max_bytes=64 << 20)
+sampler = BatchSampler(corpus.train, 64, 8, seed=0)
+for step in range(20):
+    sampler.batch(step)
+print(corpus.train.size, hostmem.memory_status()["RssAnon"] - before)
+"""
+
+
+def test_the_corpus_is_mapped_from_the_cache_not_held(tmp_path):
+    """A run holds the pages it samples, not the data set: 24 MiB of data, and the anonymous
+    resident set of a process that loaded it and drew batches grows by far less."""
+    import subprocess
+    import sys
+    data = tmp_path / "big.txt"
+    data.write_bytes(np.random.default_rng(0).integers(32, 127, 24 << 20, dtype=np.uint8).tobytes())
+    env = {**__import__("os").environ, "L2L_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", MAPPED_PROBE, str(data)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    size, grown = (int(x) for x in r.stdout.split())
+    assert size > 20 << 20
+    assert grown < 4 << 20, f"the anonymous resident set grew by {grown / 2**20:.1f} MiB"
+
+
+def test_a_damaged_cache_entry_is_made_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "text.txt"
+    f.write_bytes(bytes(range(256)) * 40)
+    first = load_corpus(str(f))
+    train, val = np.array(first.train), np.array(first.val)  # copies: the maps share the file
+    del first
+    (entry,) = (tmp_path / "cache" / "tokens").glob("*.safetensors")
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[:-7])  # truncated: the header's byte ranges no longer fit
+    again = load_corpus(str(f))
+    assert np.array_equal(train, again.train) and np.array_equal(val, again.val)
+    assert entry.read_bytes() == whole
+    with pytest.raises(ValueError):  # the arrays are the cache file's pages, read-only
+        again.train[0] = 1

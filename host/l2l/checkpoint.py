@@ -512,13 +512,11 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(step=step, tensors=tensors, meta=user_meta, path=path)
 
 
-def _read_safetensors(path: Path) -> LazyArrays:
-    """A safetensors file's arrays, each read from the file when asked for.
+def safetensors_layout(path: Path) -> dict[str, tuple[int, tuple[int, ...], np.dtype]]:
+    """A safetensors file's arrays as ``name -> (byte offset, shape, little-endian dtype)``.
 
-    The header is read and checked now (names, dtypes, shapes, byte ranges that tile the
-    data); an array is read with plain file reads, not a memory map, so what a resume has
-    read stops counting in the process's resident set once it is dropped.
-    """
+    The header is read and checked: names, dtypes, shapes, and byte ranges that tile the
+    data to the file's end. ValueError says what is wrong."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -541,22 +539,48 @@ def _read_safetensors(path: Path) -> LazyArrays:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{key}: no dtype this reader knows, shape or data offsets") from None
         parsed.append((start, stop, key, dtype, shape, info["dtype"]))
-    base, specs, where, end = 8 + n, {}, {}, 0
+    base, layout, end = 8 + n, {}, 0
     for start, stop, key, dtype, shape, code in sorted(parsed, key=lambda e: e[:2]):
         count = int(np.prod(shape, dtype=np.int64))
         if start != end or stop - start != count * dtype.itemsize or min(shape, default=0) < 0:
             raise ValueError(f"{key}: bytes {start}..{stop} do not hold {code}{list(shape)} "
                              f"after byte {end}")
         end = stop
-        specs[key], where[key] = (shape, dtype.newbyteorder("=")), (base + start, count, dtype)
+        layout[key] = (base + start, shape, dtype)
     if base + end != size:
         raise ValueError(f"the data ends at byte {base + end} of {size}")
+    return layout
+
+
+def _read_safetensors(path: Path) -> LazyArrays:
+    """A safetensors file's arrays, each read from the file when asked for.
+
+    The header is read and checked now (:func:`safetensors_layout`); an array is read with
+    plain file reads, not a memory map, so what a resume has read stops counting in the
+    process's resident set once it is dropped.
+    """
+    layout = safetensors_layout(path)
+    specs = {key: (shape, dtype.newbyteorder("=")) for key, (_, shape, dtype) in layout.items()}
 
     def read(key: str) -> np.ndarray:
-        offset, count, dtype = where[key]
+        offset, shape, dtype = layout[key]
+        count = int(np.prod(shape, dtype=np.int64))
         a = np.fromfile(path, dtype=dtype, count=count, offset=offset) if count else np.empty(0, dtype)
-        return a.astype(dtype.newbyteorder("="), copy=False).reshape(specs[key][0])
+        return a.astype(dtype.newbyteorder("="), copy=False).reshape(shape)
     return LazyArrays(specs, read)
+
+
+def mapped_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's arrays as read-only memory maps (header checked as
+    :func:`safetensors_layout` does): the pages are read when used, and are the file's
+    clean pages, which the kernel can drop under pressure and read again."""
+    arrays = {}
+    for key, (offset, shape, dtype) in safetensors_layout(path).items():
+        if int(np.prod(shape, dtype=np.int64)) == 0:
+            arrays[key] = np.empty(shape, dtype)
+        else:
+            arrays[key] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
+    return arrays
 
 
 def _hash(path: Path, fsync: bool = False) -> tuple[int, str]:

@@ -12,8 +12,7 @@ Default corpus
     and so are test directories (``test``, ``tests``, ``idle_test``): several
     distributions ship those as a separate package and they hold deliberately
     odd bytes, so dropping them keeps "same Python version -> same corpus".
-    CPython 3.11 gives ~720 files / ~12 MB, read in well under a second, so
-    there is no on-disk cache.
+    CPython 3.11 gives ~720 files / ~12 MB, read in well under a second.
 
 ``--data PATH``
     A text file, or a folder: every regular file below it in sorted order,
@@ -29,6 +28,11 @@ Split
     says so (1 in :data:`VAL_EVERY`), so adding a file elsewhere never moves
     other files between splits. A single file is split by bytes instead: the
     last :data:`VAL_FRACTION` goes to validation.
+
+Cache
+    The joined bytes (or token ids) are kept in the cache (:func:`token_cache_dir`),
+    keyed by the documents' paths and bytes, and the run memory-maps them read-only:
+    a run holds the pages it samples, not the data set, in its resident set.
 
 Batches
     :class:`BatchSampler` makes the batch of step ``s`` from ``(seed, s)``
@@ -47,7 +51,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
+
+from .checkpoint import mapped_safetensors
 
 from .errors import UserError
 from .models.config import BYTE_VOCAB, MASK_TOKEN
@@ -132,7 +138,8 @@ def load_corpus(path: str | os.PathLike | None = None,
     what = f"{source}: {n} file{'s' if n != 1 else ''}" if not str(source).endswith(".jsonl") else \
         f"{source}: {n} record{'s' if n != 1 else ''}"
     if tokenizer is None or tokenizer.fingerprint == "bytes":
-        train, val = _split(docs, source)
+        arrays, _ = cached_arrays(_docs_key("bytes", docs), lambda: dict(zip(("train", "val"), _split(docs, source))))
+        train, val = arrays["train"], arrays["val"]
         description = f"{what}, {total:,} bytes (train {train.size:,}, val {val.size:,})"
         return Corpus(train=train, val=val, description=description, num_files=n)
     (train, val), cached = _tokenized(docs, source, tokenizer)
@@ -279,9 +286,6 @@ def _tokenized(docs: list[tuple[str, bytes]], source: str, tokenizer: Tokenizer
                ) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
     """Each side's documents as token ids, joined by the tokenizer's end-of-text token;
     from the cache when this data and tokenizer were seen before. ((train, val), cached)."""
-    key = hashlib.sha256(f"{tokenizer.fingerprint}/{tokenizer.eos_id}/{len(docs)}".encode())
-    for rel, data in docs:
-        key.update(rel.encode("utf-8", "surrogateescape") + b"\0" + hashlib.sha256(data).digest())
     def tokenize() -> dict[str, np.ndarray]:
         sides = {}
         sep = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
@@ -295,25 +299,38 @@ def _tokenized(docs: list[tuple[str, bytes]], source: str, tokenizer: Tokenizer
                     ids += (sep if ids else []) + encoded
             sides[name] = np.asarray(ids, dtype=np.int32)
         return sides
-    arrays, cached = cached_arrays(key.hexdigest(), tokenize)
+    arrays, cached = cached_arrays(_docs_key(f"{tokenizer.fingerprint}/{tokenizer.eos_id}", docs), tokenize)
     return (arrays["train"], arrays["val"]), cached
+
+
+def _docs_key(encoding: str, docs: list[tuple[str, bytes]]) -> str:
+    """The cache key of these documents (paths and bytes) in this encoding."""
+    key = hashlib.sha256(f"{encoding}/{len(docs)}".encode())
+    for rel, data in docs:
+        key.update(rel.encode("utf-8", "surrogateescape") + b"\0" + hashlib.sha256(data).digest())
+    return key.hexdigest()
 
 
 def cached_arrays(key: str, make: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], bool]:
     """The arrays cached under ``key`` in :func:`token_cache_dir`, else ``make()``'s, cached
-    (written atomically; a damaged entry is made again, not trusted). (arrays, were cached)."""
+    (written atomically; a damaged entry is made again, not trusted). (arrays, were cached).
+
+    The arrays are read-only memory maps of the cache file, as nanoGPT maps its token files:
+    a run holds the pages it has sampled, clean pages the kernel can drop, not the data
+    set in its anonymous memory."""
     cache = token_cache_dir() / f"{key}.safetensors"
     if cache.is_file():
         try:
-            return load_file(cache), True
-        except Exception:  # safetensors raises its own error types
+            return mapped_safetensors(cache), True
+        except (ValueError, UnicodeDecodeError, OSError):
             cache.unlink(missing_ok=True)
     arrays = make()
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     save_file(arrays, tmp)
     os.replace(tmp, cache)
-    return arrays, False
+    del arrays
+    return mapped_safetensors(cache), False
 
 
 def token_cache_dir() -> Path:

@@ -84,7 +84,7 @@ class HeapTrimmer:
     without these calls makes it a no-op.
     """
 
-    def __init__(self, slack: int = 16 << 20, budget: float = 0.01) -> None:
+    def __init__(self, slack: int = 8 << 20, budget: float = 0.01) -> None:
         self.slack = slack
         self.budget = budget
         self.trims = 0
