@@ -341,7 +341,7 @@ def markdown(r: dict, command: str) -> str:
         f"its calls' seconds in those spans) | {opt(tl['read']['alone_bytes_per_s'])} / "
         f"{opt(tl['read']['overlapped_bytes_per_s'])}; {opt(tl['write']['alone_bytes_per_s'])} / "
         f"{opt(tl['write']['overlapped_bytes_per_s'])} |",
-        f"| the same: the calls' own rates, p10 / median / p90: read; write | "
+        "| the same: the calls' own rates, p10 / median / p90: read; write | "
         + " / ".join(f"{tl['read'][k] / 1e9:.2f}" for k in ("call_rate_p10", "call_rate_median", "call_rate_p90"))
         + " GB/s; " + " / ".join(f"{tl['write'][k] / 1e9:.2f}" for k in ("call_rate_p10", "call_rate_median",
                                                                           "call_rate_p90")) + " GB/s |",
