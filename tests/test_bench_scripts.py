@@ -115,3 +115,19 @@ def test_bench_load_small(tmp_path):
     assert result["load_above_baseline"] == m["peak_load"] - m["rss_before"]
     assert result["aim_met"] == (result["load_above_baseline"] <= m["eps_state_bytes"] + (1 << 30))
     assert "peak during load - baseline" in (out / "bench_load.md").read_text()
+
+
+def test_bench_offload_quick_reports_the_timeline_beside_the_ledger(tmp_path):
+    """`l2l bench offload --quick`: the per-direction ledger figures, and beside them the steps'
+    call timeline and the probe's both-at-once rate (issue 18)."""
+    r = run_cli("bench", "offload", "--quick", "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "work"),
+                timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads((tmp_path / "out" / "offload.json").read_text())["row"]
+    tl = row["timeline_steps"]
+    assert 0 < tl["busy_s"] <= tl["span_s"] and tl["read"]["bytes"] > 0 and tl["write"]["bytes"] > 0
+    assert all(m > 0 for m in row["probes_mixed"])
+    text = (tmp_path / "out" / "offload.md").read_text()
+    for figure in ("tier throughput / the disk's own", "reads and writes at once", "read alone / beside a write",
+                   "the probe's both-at-once rate", "the time the tier had I/O under way"):
+        assert figure in text

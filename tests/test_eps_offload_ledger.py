@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from l2l.eps.disk_tier import STATE, copy_layout
 
 STEPS = 2
@@ -82,3 +84,24 @@ def test_the_ledger_matches_the_schedule_and_the_kernel(tmp_path):
         (kernel_read, led["read_bytes"])
     assert led["write_bytes"] + out_bytes - slack <= kernel_write <= 1.03 * (led["write_bytes"] + out_bytes) + slack, \
         (kernel_write, led["write_bytes"], out_bytes)
+
+
+def test_the_run_logs_its_calls_and_their_timeline(tmp_path):
+    """summary.json ``eps_disk``: the timeline of every call (state and copies) adds up to the
+    ledger's totals, and the steps' timeline lies inside it, between the marks' clocks."""
+    summary, _, _, _ = _run(tmp_path)
+    led, start, marks = summary["eps_disk"], summary["eps_disk_at_start"], summary["_marks"]
+    whole, steps = led["timeline"], led["timeline_steps"]
+    assert led["state"]["calls_dropped"] == led["copies"]["calls_dropped"] == 0
+    assert sum(led[k]["calls_logged"] for k in ("state", "copies")) == whole["read"]["calls"] + whole["write"]["calls"]
+    for op in ("read", "write"):
+        assert abs(whole[op]["bytes"] - led[f"{op}_bytes"]) <= 1e-6 * led[f"{op}_bytes"]
+        assert abs(whole[op]["s"] - led[f"{op}_s"]) <= 1e-6 * led[f"{op}_s"]
+        assert 0 < steps[op]["bytes"] < whole[op]["bytes"]
+    assert start["t"] < marks[0]["t"] < marks[-1]["t"]
+    assert abs(steps["span_s"] - (marks[-1]["t"] - start["t"])) < 1e-9
+    for t in (whole, steps):
+        assert 0 < t["busy_s"] <= t["span_s"]
+        assert max(t["read_busy_s"], t["write_busy_s"]) <= t["busy_s"] <= t["read_busy_s"] + t["write_busy_s"] + 1e-9
+        assert abs(t["both_s"] - (t["read_busy_s"] + t["write_busy_s"] - t["busy_s"])) < 1e-6
+        assert t["busy_bytes_per_s"] == pytest.approx((t["read"]["bytes"] + t["write"]["bytes"]) / t["busy_s"])

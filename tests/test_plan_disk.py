@@ -138,6 +138,26 @@ def test_probe_reads_back_the_first_written_after_all_writes_each_synced(tmp_pat
     assert not (tmp_path / "p").exists()
 
 
+def test_the_mixed_phase_reads_and_writes_every_entry_at_once(tmp_path):
+    """``mixed=True``: after the two phases, every entry read and every entry rewritten (synced)
+    on two threads at once; its rate is all those bytes over the phase's wall time, so at least
+    each thread's own (the other's calls overlap them) and no more than the two added."""
+    rates = probe_disk(tmp_path / "p", 4 << 20, chunk=1 << 20, mixed=True)
+    reads = [c for c in rates.chunks if c["op"] == "mixed read"]
+    writes = [c for c in rates.chunks if c["op"] == "mixed write"]
+    assert sorted(c["entry"] for c in reads) == sorted(c["entry"] for c in writes) == [0, 1, 2, 3]
+    assert [c["entry"] for c in writes] == [2, 3, 0, 1]  # half the entries ahead of the reader
+    assert all(c["synced"] for c in writes) and not any(c["synced"] for c in reads)
+    moved = sum(c["bytes"] for c in reads + writes)
+    assert moved == 2 * rates.probe_bytes
+    each = [sum(c["bytes"] for c in cs) / sum(c["s"] for c in cs) for cs in (reads, writes)]
+    assert rates.mixed_bytes_per_s <= 1.01 * sum(each)
+    assert rates.mixed_bytes_per_s >= 0.5 * min(each)  # the threads' start and join, no more
+    assert [c["op"] for c in rates.chunks[:8]] == ["write"] * 4 + ["read"] * 4  # the two phases as before
+    assert probe_disk(tmp_path / "q", 1 << 20).mixed_bytes_per_s is None  # only when asked
+    assert not (tmp_path / "p").exists()
+
+
 def test_sustained_size_is_a_tenth_of_free_space_at_least_1_gib(tmp_path, monkeypatch):
     from l2l.planner.disk import sustained_bytes
     monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(100 << 30))

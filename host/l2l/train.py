@@ -223,6 +223,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     peak = weight_peak = host_stash = 0
     disk_now = getattr(getattr(engine, "eps", None), "disk_io_now", None) if cfg.eps_offload is not None else None
     disk_at_start = disk_now() if disk_now is not None else None  # the ledger before the steps: the build's
+    disk_mark = None  # the ledger at the last step's record
     try:
         for step in range(start, cfg.steps):
             lr = lr_at(step, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
@@ -252,6 +253,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             if world > 1 and cfg.check_every and (done % cfg.check_every == 0 or done == cfg.steps):
                 digests = distributed.check_agreement(engine.state_tensors(), done)
             host_rss = memory_status().get("VmRSS")
+            disk_mark = disk_now() if disk_now is not None else None
             if log is not None:
                 log.write({"step": done, "loss": result.loss, "val_loss": val, "lr": lr,
                            "tokens_per_s": tps, "step_time_s": dt, "eps_wait_s": result.eps_wait_s,
@@ -259,7 +261,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                            "device_weight_peak_bytes": result.device_weight_peak_bytes,
                            "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
                            "grad_norm": result.grad_norm,
-                           **({"eps_disk": disk_now()} if disk_now is not None else {})})
+                           **({"eps_disk": disk_mark} if disk_mark is not None else {})})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | host {host_rss / 2**30:.2f} GiB" if host_rss else "")
@@ -288,6 +290,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
         summary.eps_disk = engine.eps.disk_io()
         summary.eps_disk_at_start = disk_at_start
+        if summary.eps_disk is not None and disk_at_start is not None and disk_mark is not None:
+            # the calls between the first step's start and the last step's record
+            summary.eps_disk["timeline_steps"] = engine.eps.disk_timeline(disk_at_start["t"], disk_mark["t"])
     if plan is not None and step_times:
         line, summary.plan = plan.compare(step_times, peak, summary.host_peak_bytes)
         say(line)

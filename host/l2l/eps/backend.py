@@ -85,6 +85,11 @@ class EpsBackend(ABC):
         ``settle``; None for state in memory."""
         return None
 
+    def disk_calls(self) -> list:
+        """The disk tier's logged calls (:attr:`~l2l.eps.disk_tier.IoLedger.calls`: op, start,
+        end, bytes); none for state in memory."""
+        return []
+
     def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""
 

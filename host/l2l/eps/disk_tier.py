@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 import zlib
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -82,7 +83,16 @@ class IoLedger:
     The seconds are the time a thread was inside the call, not the wall time: with a read
     and a write under way at once both count, so ``bytes / seconds`` per direction is the
     rate each direction streamed at while it was moving, the figure to hold against the
-    disk's own sequential bandwidth (``l2l bench offload``)."""
+    disk's own sequential bandwidth (``l2l bench offload``).
+
+    Each call is also logged (:attr:`calls`: its start and end ``perf_counter``, direction
+    and bytes; ``time.perf_counter`` is the system's monotonic clock, so another process on
+    the machine can place the calls against its own marks), the first :data:`MAX_CALLS` of
+    the run (a few MB; ``calls_dropped`` counts the rest), for :func:`timeline`: how much of
+    the time reads and writes were under way together, each direction's rate alone and
+    overlapped, the bytes a second while any of them was."""
+
+    MAX_CALLS = 1 << 17   # 131072 calls: about 200 steps of a 128-entry model with its copies on disk
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -90,8 +100,13 @@ class IoLedger:
         self.read_s = self.write_s = 0.0
         self.reads: dict[int, int] = {}   # entry -> times its file was read
         self.writes: dict[int, int] = {}  # entry -> times its file was written
+        self._starts, self._ends = array("d"), array("d")
+        self._sizes = array("q")  # bytes: positive for a read, negative for a write
+        self.calls_dropped = 0
 
-    def add(self, write: bool, entry: int, nbytes: int, seconds: float) -> None:
+    def add(self, write: bool, entry: int, nbytes: int, start: float, end: float) -> None:
+        """Book one whole-entry call that ran from ``start`` to ``end`` (``perf_counter``)."""
+        seconds = end - start
         with self._lock:
             if write:
                 self.write_bytes += nbytes
@@ -101,6 +116,19 @@ class IoLedger:
                 self.read_bytes += nbytes
                 self.read_s += seconds
                 self.reads[entry] = self.reads.get(entry, 0) + 1
+            if len(self._starts) < self.MAX_CALLS:
+                self._starts.append(start)
+                self._ends.append(end)
+                self._sizes.append(-nbytes if write else nbytes)
+            else:
+                self.calls_dropped += 1
+
+    @property
+    def calls(self) -> list[tuple[str, float, float, int]]:
+        """The logged calls in the order they ended: ``(op, start, end, bytes)``, op "read" or "write"."""
+        with self._lock:
+            return [("write" if n < 0 else "read", a, b, abs(n))
+                    for a, b, n in zip(self._starts, self._ends, self._sizes)]
 
     def as_dict(self) -> dict:
         """For ``summary.json``: totals, and the per-entry counts keyed by entry (as strings)."""
@@ -108,7 +136,104 @@ class IoLedger:
             return {"read_bytes": self.read_bytes, "read_s": self.read_s,
                     "write_bytes": self.write_bytes, "write_s": self.write_s,
                     "reads": {str(e): n for e, n in sorted(self.reads.items())},
-                    "writes": {str(e): n for e, n in sorted(self.writes.items())}}
+                    "writes": {str(e): n for e, n in sorted(self.writes.items())},
+                    "calls_logged": len(self._starts), "calls_dropped": self.calls_dropped}
+
+
+def _union(spans: list[tuple[float, float]]) -> list[list[float]]:
+    """The union of closed intervals, as sorted disjoint ``[start, end]``."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _clip(spans: list[list[float]], lo: float, hi: float) -> list[list[float]]:
+    """Disjoint sorted intervals cut to ``[lo, hi]``."""
+    return [[max(a, lo), min(b, hi)] for a, b in spans if min(b, hi) > max(a, lo)]
+
+
+def _length(spans: list[list[float]]) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersect(u: list[list[float]], v: list[list[float]]) -> list[list[float]]:
+    """The intersection of two sorted disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(u) and j < len(v):
+        a, b = max(u[i][0], v[j][0]), min(u[i][1], v[j][1])
+        if b > a:
+            out.append([a, b])
+        if u[i][1] < v[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def timeline(calls, start: float | None = None, end: float | None = None) -> dict:
+    """What the logged calls (:attr:`IoLedger.calls`, of one tier or several: the state's and
+    the copies') did between ``start`` and ``end`` (``perf_counter``; default: the first
+    call's start to the last one's end). A call partly in the window counts its part, its
+    bytes in proportion to its time (as if it moved them at an even rate).
+
+    * ``span_s``: the window; ``busy_s``: the time any call was under way; ``read_busy_s``,
+      ``write_busy_s``: the time any read (write) was; ``both_s``: reads and writes at once.
+    * ``busy_bytes_per_s``: all the bytes over ``busy_s``, the rate of the tier's I/O as a
+      whole while it had any in flight (with reads and writes at once each direction's own
+      ``bytes / seconds`` counts the shared time twice).
+    * per direction (``read``, ``write``): ``bytes``, ``calls``, ``s`` (the seconds inside its
+      calls, summed), ``bytes_per_s`` (the ledger's figure), the spread of the calls' own
+      rates (``call_rate_min``, ``_p10``, ``_median``, ``_p90``, ``_max``), and the rate
+      ``alone`` (the parts of its calls while no call of the other direction was under way)
+      and ``overlapped`` (the other parts): ``alone_bytes``, ``alone_s``, ``alone_bytes_per_s``
+      and the same for ``overlapped``; ``None`` for a rate over no time.
+    """
+    calls = list(calls)
+    if start is None:
+        start = min((c[1] for c in calls), default=0.0)
+    if end is None:
+        end = max((c[2] for c in calls), default=start)
+    inside = [c for c in calls if c[2] > start and c[1] < end and c[2] > c[1]]
+    span = max(0.0, end - start)
+    unions = {op: _clip(_union([(c[1], c[2]) for c in inside if c[0] == op]), start, end)
+              for op in ("read", "write")}
+    busy = _clip(_union([(c[1], c[2]) for c in inside]), start, end)
+    both = _intersect(unions["read"], unions["write"])
+    rate = lambda b, s: b / s if s > 0 else None  # noqa: E731
+    out: dict = {"span_s": span, "busy_s": _length(busy), "read_busy_s": _length(unions["read"]),
+                 "write_busy_s": _length(unions["write"]), "both_s": _length(both)}
+    total = 0.0
+    for op, other in (("read", "write"), ("write", "read")):
+        moved = secs = alone_b = alone_s = over_b = over_s = 0.0
+        rates = []
+        for _, a, b, n in (c for c in inside if c[0] == op):
+            full = b - a
+            part = _clip([[a, b]], start, end)
+            s = _length(part)
+            nb = n * s / full
+            o = _length(_intersect(part, unions[other]))
+            moved += nb
+            secs += s
+            over_s += o
+            over_b += nb * o / s
+            alone_s += s - o
+            alone_b += nb * (s - o) / s
+            rates.append(n / full)
+        rates.sort()
+        pick = lambda q: rates[min(len(rates) - 1, int(q * len(rates)))] if rates else None  # noqa: E731
+        out[op] = {"bytes": moved, "calls": len(rates), "s": secs, "bytes_per_s": rate(moved, secs),
+                   "call_rate_min": pick(0.0), "call_rate_p10": pick(0.1), "call_rate_median": pick(0.5),
+                   "call_rate_p90": pick(0.9), "call_rate_max": rates[-1] if rates else None,
+                   "alone_bytes": alone_b, "alone_s": alone_s, "alone_bytes_per_s": rate(alone_b, alone_s),
+                   "overlapped_bytes": over_b, "overlapped_s": over_s,
+                   "overlapped_bytes_per_s": rate(over_b, over_s)}
+        total += moved
+    out["busy_bytes_per_s"] = rate(total, out["busy_s"])
+    return out
 
 
 @dataclass(frozen=True)
@@ -372,7 +497,7 @@ class DiskTier:
         t0 = time.perf_counter()
         got = _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
         self._drop_pages(fd, self.open_flags[entry], wrote=False)
-        self.io.add(False, entry, got, time.perf_counter() - t0)
+        self.io.add(False, entry, got, t0, time.perf_counter())
         self._check_image(entry, slab.raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))
         return slab
 
@@ -406,7 +531,7 @@ class DiskTier:
         if put != slab.raw.nbytes:
             raise OSError(errno.EIO, f"short write: {put} of {slab.raw.nbytes} bytes", str(self.path(slab.entry)))
         self._drop_pages(fd, flags, wrote=True)
-        self.io.add(True, slab.entry, put, time.perf_counter() - t0)
+        self.io.add(True, slab.entry, put, t0, time.perf_counter())
 
     @staticmethod
     def _drop_pages(fd: int, flags: int, wrote: bool) -> None:

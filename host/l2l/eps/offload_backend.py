@@ -247,6 +247,9 @@ class OffloadedBackend(EpsBackend):
             self.flush()
         return self.tier.io.as_dict()
 
+    def disk_calls(self) -> list:
+        return self.tier.io.calls
+
     def close(self) -> None:
         """Wait for the pending writes (raising the first that failed), then close the files
         and the inner backend."""

@@ -33,6 +33,7 @@ from ..errors import EpsWorkerError, PeerLostError, UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .copy_window import DiskCopies
+from .disk_tier import timeline
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
@@ -329,7 +330,20 @@ class EagerParamServer:
             ledgers.append(self.copies.tier.io.as_dict())
         if not ledgers:
             return None
-        return {k: sum(t[k] for t in ledgers) for k in ("read_bytes", "read_s", "write_bytes", "write_s")}
+        return {**{k: sum(t[k] for t in ledgers) for k in ("read_bytes", "read_s", "write_bytes", "write_s")},
+                "t": time.perf_counter()}  # the clock of the tier's call log (IoLedger.calls)
+
+    def disk_calls(self) -> list:
+        """Every logged call of the disk tier, the state files' and the copies', in one list
+        (:attr:`~l2l.eps.disk_tier.IoLedger.calls`); empty without the tier."""
+        calls = list(self.backend.disk_calls())
+        if self.copies is not None:
+            calls += self.copies.tier.io.calls
+        return calls
+
+    def disk_timeline(self, start: float | None = None, end: float | None = None) -> dict:
+        """:func:`~l2l.eps.disk_tier.timeline` of :meth:`disk_calls` between ``start`` and ``end``."""
+        return timeline(self.disk_calls(), start, end)
 
     def disk_io(self) -> dict | None:
         """With ``--eps-offload``: the disk tier's own ledger of its I/O (bytes and seconds
@@ -349,7 +363,7 @@ class EagerParamServer:
             return None
         total = {k: sum(t[k] for t in tiers.values())
                  for k in ("read_bytes", "read_s", "write_bytes", "write_s")}
-        return {**total, **tiers}
+        return {**total, **tiers, "timeline": self.disk_timeline()}
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

@@ -26,6 +26,7 @@ import errno
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -140,6 +141,9 @@ class DiskRates:
     direct: bool | None = None  # the probe's files took O_DIRECT (None: not probed)
     probe_bytes: int = 0        # written, then read, each way (timed)
     chunks: tuple = ()          # per entry moved: {"op", "entry", "bytes", "s", "synced"}, in time order
+    # with ``mixed``: reads and (synced) writes at once, from two threads as the tier runs them:
+    # all the bytes of that phase over its wall time (None: not measured)
+    mixed_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.read_bytes_per_s > 0 and self.write_bytes_per_s > 0):
@@ -159,7 +163,8 @@ def sustained_bytes(directory: str | os.PathLike, target: int = SUSTAINED_BYTES)
     return max(PROBE_CHUNK, size // PROBE_CHUNK * PROBE_CHUNK)
 
 
-def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk: int = PROBE_CHUNK) -> DiskRates:
+def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk: int = PROBE_CHUNK,
+               mixed: bool = False) -> DiskRates:
     """Write then read ``nbytes`` in ``directory`` through the tier itself (``DiskTier``: the
     same aligned buffers, whole-entry ``pwritev``/``preadv`` and O_DIRECT as a run), timed.
 
@@ -172,7 +177,14 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
     first the one written longest ago (O_DIRECT: not from the page cache; and after the
     writes of all the others, so a cache smaller than ``nbytes`` no longer holds it), each
     timed. Each direction's rate is its whole transfer: bytes over the sum of its entries'
-    seconds; each entry's record is in ``chunks``. The probe's directory is removed after,
+    seconds; each entry's record is in ``chunks``.
+
+    With ``mixed``, then a third phase: every entry read on one thread while, on another,
+    every entry is rewritten (each until durable, as above), the writer half the entries
+    ahead of the reader, both as the tier's read-ahead and write-behind threads run; its
+    figure, ``mixed_bytes_per_s``, is all the bytes of the phase over its wall time (the
+    disk's rate for both directions at once), and each call's record is in ``chunks`` as
+    ``"mixed read"`` and ``"mixed write"``. The probe's directory is removed after,
     and ``directory`` too when the probe created it. A directory the tier refuses (not
     creatable, not writable, too little space) is its one-line UserError."""
     directory = Path(directory)
@@ -191,6 +203,7 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
     except OSError as exc:
         raise UserError(f"{where}: not writable ({exc.strerror or exc})") from None
     chunks: list[dict] = []
+    mixed_rate = None
     try:
         tier = DiskTier(probe, uuid.uuid4().hex, {e: numel for e in range(count)}, direct=True)
         try:
@@ -212,6 +225,8 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
                 chunks.append({"op": "read", "entry": e, "bytes": slab.raw.nbytes,
                                "s": time.perf_counter() - t0, "synced": False})
             direct = tier.uses_direct(0)
+            if mixed:
+                mixed_rate = _mixed(tier, slab, count, chunks)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise UserError(f"{where}: no space for the disk probe ({size_of(count * numel * EPS_STATE_BYTES)})") from None
@@ -228,7 +243,48 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
         return moved / sum(c["s"] for c in chunks if c["op"] == op), moved
 
     (read, size), (write, _) = rate("read"), rate("write")
-    return DiskRates(read, write, measured=True, direct=direct, probe_bytes=size, chunks=tuple(chunks))
+    return DiskRates(read, write, measured=True, direct=direct, probe_bytes=size, chunks=tuple(chunks),
+                     mixed_bytes_per_s=mixed_rate)
+
+
+def _mixed(tier: DiskTier, slab, count: int, chunks: list[dict]) -> float:
+    """The probe's mixed phase (:func:`probe_disk`): all the bytes over the wall time."""
+    spare = tier.slab(0)
+    spare.raw[4096:] = 2
+    failed: list[BaseException] = []
+
+    def reads() -> None:
+        try:
+            for e in range(count):
+                t0 = time.perf_counter()
+                tier.read(e, into=slab)
+                chunks.append({"op": "mixed read", "entry": e, "bytes": slab.raw.nbytes,
+                               "s": time.perf_counter() - t0, "synced": False})
+        except BaseException as exc:  # raised below, in the caller's thread
+            failed.append(exc)
+
+    def writes() -> None:
+        try:
+            for k in range(count):
+                e = (k + count // 2) % count
+                tier.retarget(spare, e)
+                t0 = time.perf_counter()
+                tier.store(spare)
+                os.fdatasync(tier.fd(e))
+                chunks.append({"op": "mixed write", "entry": e, "bytes": spare.raw.nbytes,
+                               "s": time.perf_counter() - t0, "synced": True})
+        except BaseException as exc:
+            failed.append(exc)
+    threads = [threading.Thread(target=reads), threading.Thread(target=writes)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if failed:
+        raise failed[0]
+    return 2 * count * slab.raw.nbytes / wall
 
 
 def size_of(n: float) -> str:
