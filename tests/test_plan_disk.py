@@ -133,6 +133,9 @@ def test_probe_reads_back_the_first_written_after_all_writes_each_synced(tmp_pat
     assert rates.probe_bytes == sum(c["bytes"] for c in writes) >= 4 << 20
     whole = rates.probe_bytes / sum(c["s"] for c in writes)
     assert rates.write_bytes_per_s == pytest.approx(whole)  # the whole transfer, not one chunk's
+    assert all(0 < c["call_s"] <= c["s"] for c in writes)  # the write call alone, inside its synced span
+    calls = rates.probe_bytes / sum(c["call_s"] for c in writes)
+    assert rates.write_call_bytes_per_s == pytest.approx(calls) and calls >= rates.write_bytes_per_s
     lo, mid, hi = rates.spread("read")
     assert lo <= mid <= hi
     assert not (tmp_path / "p").exists()

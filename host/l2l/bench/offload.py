@@ -291,6 +291,7 @@ def run_offload_bench(argv: list[str]) -> int:
         "probes": [[disk.read_bytes_per_s, disk.write_bytes_per_s],
                    [disk_after.read_bytes_per_s, disk_after.write_bytes_per_s]],
         "probes_mixed": [disk.mixed_bytes_per_s, disk_after.mixed_bytes_per_s],
+        "probes_write_calls": [disk.write_call_bytes_per_s, disk_after.write_call_bytes_per_s],
         "timeline_steps": led.get("timeline_steps"), "timeline": led.get("timeline"),
         "ledger": led, "ledger_read_bytes_per_s": led["read_bytes"] / led["read_s"] if led["read_s"] else None,
         "ledger_write_bytes_per_s": led["write_bytes"] / led["write_s"] if led["write_s"] else None,
@@ -328,10 +329,11 @@ def markdown(r: dict, command: str) -> str:
 
     tl = r.get("timeline_steps")
     m0, m1 = r.get("probes_mixed") or (None, None)
+    c0, c1 = r.get("probes_write_calls") or (None, None)
 
     def disk_time(rd: float, wr: float) -> float | None:
         """The seconds the disk would need for the steps' bytes at the probe's own rates."""
-        return tl["read"]["bytes"] / rd + tl["write"]["bytes"] / wr if tl else None
+        return tl["read"]["bytes"] / rd + tl["write"]["bytes"] / wr if tl and rd and wr else None
     opt = lambda x: rate(x) if x else "—"  # noqa: E731
     timeline_rows = [] if not tl else [
         f"| the steps' tier calls in time (`timeline_steps`, state and copy files): any under way / reads and "
@@ -351,6 +353,9 @@ def markdown(r: dict, command: str) -> str:
         f"| **the disk's time for the steps' bytes at the probe's own read and write rates / the time the tier had "
         f"I/O under way (probe before / after)** | **{share(disk_time(r0, w0), tl['busy_s'])} / "
         f"{share(disk_time(r1, w1), tl['busy_s'])}** |",
+        f"| **the same, the probe's writes timed as the tier's are (the write call alone, unsynced: "
+        f"{opt(c0)} / {opt(c1)}), the stricter reference** | **{share(disk_time(r0, c0), tl['busy_s'])} / "
+        f"{share(disk_time(r1, c1), tl['busy_s'])}** |",
     ]
 
     def spread(k: int, op: str) -> str:

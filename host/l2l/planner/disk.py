@@ -140,7 +140,8 @@ class DiskRates:
     measured: bool = False
     direct: bool | None = None  # the probe's files took O_DIRECT (None: not probed)
     probe_bytes: int = 0        # written, then read, each way (timed)
-    chunks: tuple = ()          # per entry moved: {"op", "entry", "bytes", "s", "synced"}, in time order
+    chunks: tuple = ()          # per entry moved: {"op", "entry", "bytes", "s", "synced"} (writes also
+                                # "call_s": the write call alone, before its sync), in time order
     # with ``mixed``: reads and (synced) writes at once, from two threads as the tier runs them:
     # all the bytes of that phase over its wall time (None: not measured)
     mixed_bytes_per_s: float | None = None
@@ -148,6 +149,15 @@ class DiskRates:
     def __post_init__(self) -> None:
         if not (self.read_bytes_per_s > 0 and self.write_bytes_per_s > 0):
             raise UserError("disk bandwidth must be positive")
+
+    @property
+    def write_call_bytes_per_s(self) -> float | None:
+        """The probe's writes timed to the end of the write call alone, as the tier's writes
+        are (it does not sync them): at least :attr:`write_bytes_per_s`, so the stricter
+        reference for the tier's write rate. None when the chunks do not say."""
+        calls = [c for c in self.chunks if c["op"] == "write" and "call_s" in c]
+        secs = sum(c["call_s"] for c in calls)
+        return sum(c["bytes"] for c in calls) / secs if calls and secs > 0 else None
 
     def spread(self, op: str) -> tuple[float, float, float] | None:
         """(min, median, max) of the per-entry rates of ``op`` ("read"/"write"), bytes/s."""
@@ -173,7 +183,8 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
     place (a run rewrites its files in place), each entry timed from its ``pwritev`` to the
     end of an ``os.fdatasync`` of its file: an O_DIRECT write may still sit in a cache below
     (a virtual disk's host), and the tier does not sync its writes, so the probe waits until
-    the data is durable. Then the entries are read back in the order they were written,
+    the data is durable (the write call's own time is kept too, ``call_s``: the tier's
+    writes are timed that way, :attr:`DiskRates.write_call_bytes_per_s`). Then the entries are read back in the order they were written,
     first the one written longest ago (O_DIRECT: not from the page cache; and after the
     writes of all the others, so a cache smaller than ``nbytes`` no longer holds it), each
     timed. Each direction's rate is its whole transfer: bytes over the sum of its entries'
@@ -216,9 +227,10 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
                 tier.retarget(slab, e)
                 t0 = time.perf_counter()
                 tier.store(slab)
+                t1 = time.perf_counter()
                 os.fdatasync(tier.fd(e))
                 chunks.append({"op": "write", "entry": e, "bytes": slab.raw.nbytes,
-                               "s": time.perf_counter() - t0, "synced": True})
+                               "s": time.perf_counter() - t0, "call_s": t1 - t0, "synced": True})
             for e in range(count):  # read back from the first written
                 t0 = time.perf_counter()
                 tier.read(e, into=slab)
