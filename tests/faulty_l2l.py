@@ -5,14 +5,16 @@ are written and before they are committed: the worst moment for a checkpoint wri
 ``kill-at-step`` (SIGKILL as 0-based step N starts: a machine dying mid-run) or
 ``kill-in-update`` (SIGKILL as the N-th EPS update on an ``--eps-offload`` disk tier starts,
 counting from 1: mid-step, with the updates before it written or being written to the state
-files, which are then half-updated). The faults
+files, which are then half-updated) or ``free-bytes`` (every filesystem reports N bytes free:
+the disk tier's and the planner's space checks, tested without filling a disk). The faults
 are patched in here, from outside the package, through the same seams a user could use:
-``l2l.checkpoint.save_checkpoint``'s ``before_commit``, the engine's ``train_step`` and the
-disk tier's ``OffloadedBackend.step``.
+``l2l.checkpoint.save_checkpoint``'s ``before_commit``, the engine's ``train_step``, the
+disk tier's ``OffloadedBackend.step`` and ``shutil.disk_usage``.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 
@@ -60,8 +62,22 @@ def _kill_in_update(n: int) -> None:
     OffloadedBackend.step = step_or_die
 
 
+def disk_usage_reporting(free: int, usage=shutil.disk_usage):
+    """``shutil.disk_usage`` as it is, but saying ``free`` bytes are free."""
+    def smaller(path):
+        real = usage(path)
+        return type(real)(real.total, real.used, free)
+    return smaller
+
+
+def report_free_bytes(free: int) -> None:
+    """Every ``shutil.disk_usage`` in this process says ``free`` bytes are free."""
+    shutil.disk_usage = disk_usage_reporting(free)
+
+
 if __name__ == "__main__":
     fault, n, *argv = sys.argv[1:]
-    {"kill-in-save": _kill_in_save, "kill-at-step": _kill_at_step, "kill-in-update": _kill_in_update}[fault](int(n))
+    {"kill-in-save": _kill_in_save, "kill-at-step": _kill_at_step, "kill-in-update": _kill_in_update,
+     "free-bytes": report_free_bytes}[fault](int(n))
     from l2l.cli import main
     sys.exit(main(argv))

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import uuid
 
 import numpy as np
 import pytest
 
 from l2l.eps import AdamWHyper, EagerParamServer, HlsCsimBackend, NumpyBackend, OpenCLBackend
-from l2l.eps import disk_tier
 from l2l.eps.disk_tier import BLOCK, DiskTier, entry_file, file_bytes
 from l2l.eps.offload_backend import OffloadedBackend
 from l2l.errors import UserError
+
+from faulty_l2l import disk_usage_reporting
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
@@ -209,8 +211,8 @@ def test_bad_state_files_are_one_line_and_untouched(tmp_path, monkeypatch):
     _one_line(info, "CRC")
     path.write_bytes(before[path.name])
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
-    # not enough free space: the figure comes from a test hook (docs/disk-tier.md)
-    monkeypatch.setenv(disk_tier.FREE_BYTES_ENV, str(2**30))
+    # not enough free space: the filesystem reports 1 GiB (as tests/faulty_l2l.py free-bytes does)
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage_reporting(2**30))
     with pytest.raises(UserError) as info:
         DiskTier(tmp_path / "new", rid, {0: 2**29})
     _one_line(info, "needs 6.00 GiB more", "1.00 GiB free")

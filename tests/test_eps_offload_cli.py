@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from l2l.checkpoint import load_latest
-from l2l.eps.disk_tier import BLOCK, FREE_BYTES_ENV, entry_file
+from l2l.eps.disk_tier import BLOCK, entry_file
 
 from conftest import ROOT, run_cli
 from test_cli_modes import _one_line_error  # noqa: F401  (also used by test_eps_offload_copies)
@@ -114,7 +114,8 @@ def test_bad_directories_are_one_line_and_change_nothing(runs, tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    r = _train(tmp_path / "r3", "--eps-offload", str(empty), env={FREE_BYTES_ENV: "4096"})
+    r = run_cli("train", *TINY, "--out", str(tmp_path / "r3"), "--no-progress", *RUN, "--eps-offload", str(empty),
+                fault=("free-bytes", 4096))
     _one_line_error(r, "GiB more", "GiB free")
     assert not any(empty.iterdir()) and not (tmp_path / "r3").exists()
 

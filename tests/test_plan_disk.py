@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from l2l.planner import Rates, predict
 from l2l.planner.disk import DiskRates, Slot, entry_numels, overlap, plan_disk, probe_disk
 
 from conftest import run_cli
+from faulty_l2l import disk_usage_reporting
 
 RATES = Rates(flops_per_s=1e10, link_bytes_per_s=None, runtime_bytes=200 << 20)
 GIVEN = ["--flops", "1e10", "--eps-rate", "5e8", "--link-gbps", "0"]  # no rate measured: fast
@@ -103,7 +105,7 @@ def test_a_bad_dir_is_one_line(tmp_path):
 def test_fit_with_the_tier_is_bound_by_the_disk(tmp_path):
     free = 3 << 30
     run = run_cli("plan", "--fit", "--eps-offload", str(tmp_path / "eps"), "--host-memory", "64", "--d-model",
-                  "512", "--heads", "8", "--json", env={"L2L_TEST_EPS_OFFLOAD_FREE_BYTES": str(free)})
+                  "512", "--heads", "8", "--json", fault=("free-bytes", free))
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     assert doc["binding"] == "disk" and doc["disk_limit_bytes"] == free
@@ -113,7 +115,7 @@ def test_fit_with_the_tier_is_bound_by_the_disk(tmp_path):
     # the state's 12 bytes a parameter are off the host figure: 64 GiB of host would hold far less in memory
     assert doc["host_bytes"] < 12 * doc["params"]
     text = run_cli("plan", "--fit", "--eps-offload", str(tmp_path / "eps"), "--host-memory", "64", "--d-model",
-                   "512", "--heads", "8", env={"L2L_TEST_EPS_OFFLOAD_FREE_BYTES": str(free)})
+                   "512", "--heads", "8", fault=("free-bytes", free))
     assert text.returncode == 0 and "disk:" in text.stdout and "<- binds" in text.stdout.split("disk:")[1]
 
 
@@ -163,11 +165,11 @@ def test_the_mixed_phase_reads_and_writes_every_entry_at_once(tmp_path):
 
 def test_sustained_size_is_a_tenth_of_free_space_at_least_1_gib(tmp_path, monkeypatch):
     from l2l.planner.disk import sustained_bytes
-    monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(100 << 30))
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage_reporting(100 << 30))
     assert sustained_bytes(tmp_path) == 2 << 30
-    monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(15 << 30))
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage_reporting(15 << 30))
     assert sustained_bytes(tmp_path) == (15 << 30) // 10 // (256 << 20) * (256 << 20)
-    monkeypatch.setenv("L2L_TEST_EPS_OFFLOAD_FREE_BYTES", str(3 << 30))
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage_reporting(3 << 30))
     assert sustained_bytes(tmp_path) == 1 << 30
 
 

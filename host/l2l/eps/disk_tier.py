@@ -59,17 +59,8 @@ CHUNK = 1 << 30
 _FIELDS = struct.Struct("<8sI32sIQ")  # magic, version, run id (32 hex digits), entry, numel
 _CRC = struct.Struct("<I")
 F32 = np.dtype("<f4")
-# A hidden test hook, not an option: the free bytes the start-up check believes DIR's
-# filesystem has, so the "not enough space" refusal is tested without filling a disk.
-FREE_BYTES_ENV = "L2L_TEST_EPS_OFFLOAD_FREE_BYTES"
-
-
 def free_bytes_at(directory: str | os.PathLike) -> int:
-    """Free bytes on ``directory``'s filesystem (it exists), or the test hook's figure when it
-    holds a number (anything else in it is ignored: the real figure)."""
-    override = os.environ.get(FREE_BYTES_ENV, "")
-    if override.isdigit():
-        return int(override)
+    """Free bytes on ``directory``'s filesystem (it exists)."""
     return shutil.disk_usage(directory).free
 
 

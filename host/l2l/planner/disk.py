@@ -117,8 +117,7 @@ def host_bytes_with_tier(p: Prediction, numels: dict[int, int], window: int, cop
 
 def free_bytes(directory: str | os.PathLike) -> int:
     """Free bytes on the filesystem that holds (or will hold) ``directory``: its nearest
-    existing ancestor's. The tier's test hook ``L2L_TEST_EPS_OFFLOAD_FREE_BYTES`` rules
-    when set, as it does for the tier's own start-up check."""
+    existing ancestor's, as the tier's own start-up check counts it."""
     path = Path(directory).absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
