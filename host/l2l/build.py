@@ -39,15 +39,13 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
                       weight_decay=cfg.weight_decay)
 
 
-def offload_tier(cfg: TrainConfig, stack: LayerStack, run_id: str) -> DiskTier:
-    """The disk tier of ``--eps-offload`` for ``stack``'s EPS entries (those with parameters),
-    its directory checked: nothing in it is changed yet. With ``--eps-offload-copies`` the
-    copies' files are checked too (free space for both)."""
+def offload_tiers(cfg: TrainConfig, stack: LayerStack, run_id: str) -> tuple[DiskTier, DiskTier | None]:
+    """The disk tiers of ``--eps-offload`` for ``stack``'s EPS entries (those with parameters):
+    the state's, and with ``--eps-offload-copies`` the copies' (else None), their directory
+    checked (free space for both): nothing in it is changed yet."""
     numels = {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
     tier = DiskTier(cfg.eps_offload, run_id, numels)
-    if cfg.eps_offload_copies:
-        copy_tier(cfg, tier)
-    return tier
+    return tier, copy_tier(cfg, tier) if cfg.eps_offload_copies else None
 
 
 def copy_tier(cfg: TrainConfig, state: DiskTier) -> DiskTier:
@@ -57,12 +55,13 @@ def copy_tier(cfg: TrainConfig, state: DiskTier) -> DiskTier:
 
 
 def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, rank: int = 0,
-                 world: int = 1, offload_run: str | None = None) -> Engine:
+                 world: int = 1, offload: tuple[DiskTier, DiskTier | None] | None = None) -> Engine:
     """The engine of ``cfg`` around ``stack``; under torchrun, this machine's (``rank`` of
     ``world``): it runs micro-batches ``rank*M/world ..`` of the global M, and its EPS
     all-reduces. ``cfg`` is expected checked (:meth:`TrainConfig.check`). With
-    ``--eps-offload`` the EPS backend is wrapped to keep its state in files, named for
-    ``offload_run`` (the run's id; a new one when not given)."""
+    ``--eps-offload`` the EPS backend is wrapped to keep its state in files: ``offload``'s
+    tiers (:func:`offload_tiers`, checked by the caller before it wrote anything), or new
+    ones for a new run id."""
     if cfg.micro_batches % (world * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({world} x {cfg.devices})")
@@ -81,9 +80,9 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
             backend.close()
             raise UserError(OFFLOAD_MACHINES)
         try:
-            tier = offload_tier(cfg, stack, offload_run or uuid.uuid4().hex)
-            if cfg.eps_offload_copies:
-                copies = DiskCopies(copy_tier(cfg, tier), window=cfg.eps_offload_window)
+            tier, copy_files = offload or offload_tiers(cfg, stack, uuid.uuid4().hex)
+            if copy_files is not None:
+                copies = DiskCopies(copy_files, window=cfg.eps_offload_window)
         except BaseException:
             backend.close()
             raise

@@ -19,7 +19,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import distributed
-from .build import OFFLOAD_MACHINES, build_engine, offload_tier, resolve_device
+from .build import OFFLOAD_MACHINES, build_engine, offload_tiers, resolve_device
 from .config import TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
@@ -162,12 +162,12 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
                         f"the model's {stack.vocab_size:,} embeddings")
     if saved is not None:
         _check_resumable(cfg, saved.meta, stack, saved.path)
-    offload_run = None
+    offload_run = offload = None
     if cfg.eps_offload is not None:
         if saved is not None and saved.step >= cfg.steps:
             raise UserError(f"{out} is already at step {saved.step}; pass a larger --steps to continue it")
         offload_run = _offload_run(out)
-        offload_tier(cfg, stack, offload_run)  # DIR checked before anything is written
+        offload = offload_tiers(cfg, stack, offload_run)  # DIR checked before anything is written
     distributed.barrier()  # every machine has checked the run directory before rank 0 writes to it
     if offload_run is not None:  # before the state files: a killed start keeps its id
         out.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     plan = forecast(cfg, device, plan_mode) \
         if saved is None or saved.step < cfg.steps else None
     distributed.barrier()
-    engine = build_engine(cfg, stack, device, rank=rank, world=world, offload_run=offload_run)
+    engine = build_engine(cfg, stack, device, rank=rank, world=world, offload=offload)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     try:

@@ -52,7 +52,7 @@ def entry_numels(cfg: TrainConfig) -> dict[int, int]:
     """The EPS entries with parameters and their sizes, numbered as the relay numbers them:
     one per layer (its own parameters), then one per shared (tied) parameter. The built-in
     GPT by formula (no tied weights); any other family counted on the stack built on the
-    meta device, as ``build.offload_tier`` counts the real one."""
+    meta device, as ``build.offload_tiers`` counts the real one."""
     cfg = with_model_shape(cfg)
     if cfg.model == "gpt":
         return {i: s.params for i, s in enumerate(layer_shapes(cfg))}
