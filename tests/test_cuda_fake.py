@@ -9,8 +9,6 @@ error in ``fake.errors``. The counters bound how often the CPU blocks on the GPU
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
