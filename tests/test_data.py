@@ -265,6 +265,15 @@ def test_the_corpus_is_mapped_from_the_cache_not_held(tmp_path):
     assert grown < 4 << 20, f"the anonymous resident set grew by {grown / 2**20:.1f} MiB"
 
 
+def test_a_cache_that_cannot_be_written_still_loads(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "file" / "cache"))  # under a file: mkdir fails
+    f = tmp_path / "text.txt"
+    f.write_bytes(bytes(range(256)) * 40)
+    c = load_corpus(str(f))
+    assert c.train.tobytes() + c.val.tobytes() == f.read_bytes()
+
+
 def test_a_damaged_cache_entry_is_made_again(tmp_path, monkeypatch):
     monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "text.txt"

@@ -32,7 +32,8 @@ Split
 Cache
     The joined bytes (or token ids) are kept in the cache (:func:`token_cache_dir`),
     keyed by the documents' paths and bytes, and the run memory-maps them read-only:
-    a run holds the pages it samples, not the data set, in its resident set.
+    a run holds the pages it samples, not the data set, in its resident set. A cache that
+    cannot be written leaves the arrays in memory.
 
 Batches
     :class:`BatchSampler` makes the batch of step ``s`` from ``(seed, s)``
@@ -40,6 +41,7 @@ Batches
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -322,13 +324,19 @@ def cached_arrays(key: str, make: Callable[[], dict[str, np.ndarray]]) -> tuple[
     if cache.is_file():
         try:
             return mapped_safetensors(cache), True
-        except (ValueError, UnicodeDecodeError, OSError):
-            cache.unlink(missing_ok=True)
+        except (ValueError, OSError):
+            with contextlib.suppress(OSError):
+                cache.unlink(missing_ok=True)
     arrays = make()
-    cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-    save_file(arrays, tmp)
-    os.replace(tmp, cache)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_file(arrays, tmp)
+        os.replace(tmp, cache)
+    except OSError:  # a cache that cannot be written (read-only home, full disk): the arrays in memory
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        return arrays, False
     del arrays
     return mapped_safetensors(cache), False
 
