@@ -56,7 +56,6 @@ import torch
 from safetensors.numpy import save_file
 
 from .checkpoint import mapped_safetensors
-
 from .errors import UserError
 from .models.config import BYTE_VOCAB, MASK_TOKEN
 from .models.stack import IGNORE_INDEX
