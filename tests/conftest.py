@@ -23,6 +23,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_data_cache(tmp_path_factory):
+    """The tests' cached data (l2l.data.token_cache_dir) in a directory of their own, for them
+    and the commands they run: not the user's ~/.cache."""
+    before = os.environ.get("L2L_CACHE")
+    os.environ["L2L_CACHE"] = str(tmp_path_factory.mktemp("l2l-cache"))
+    yield
+    if before is None:
+        del os.environ["L2L_CACHE"]
+    else:
+        os.environ["L2L_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def corpus():
     return load_corpus(None)

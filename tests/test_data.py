@@ -1,5 +1,6 @@
 """Tests for the data room: corpus loading, splitting and batch sampling."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -266,12 +267,21 @@ def test_the_corpus_is_mapped_from_the_cache_not_held(tmp_path):
 
 
 def test_a_cache_that_cannot_be_written_still_loads(tmp_path, monkeypatch):
-    (tmp_path / "file").write_text("x")
-    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "file" / "cache"))  # under a file: mkdir fails
     f = tmp_path / "text.txt"
     f.write_bytes(bytes(range(256)) * 40)
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "file" / "cache"))  # under a file: mkdir fails
     c = load_corpus(str(f))
     assert c.train.tobytes() + c.val.tobytes() == f.read_bytes()
+    # the directory is there, but the file cannot be written (its temporary name is taken)
+    monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
+    load_corpus(str(f))
+    (entry,) = (tmp_path / "cache" / "tokens").glob("*.safetensors")
+    entry.unlink()
+    (entry.parent / f".{entry.name}.{os.getpid()}.tmp").mkdir()
+    c = load_corpus(str(f))
+    assert c.train.tobytes() + c.val.tobytes() == f.read_bytes()
+    assert not entry.exists()
 
 
 def test_a_damaged_cache_entry_is_made_again(tmp_path, monkeypatch):

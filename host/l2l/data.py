@@ -33,7 +33,9 @@ Cache
     The joined bytes (or token ids) are kept in the cache (:func:`token_cache_dir`),
     keyed by the documents' paths and bytes, and the run memory-maps them read-only:
     a run holds the pages it samples, not the data set, in its resident set. A cache that
-    cannot be written leaves the arrays in memory.
+    cannot be written leaves the arrays in memory. Each data set is kept once, as large as
+    its bytes (or 4 bytes a token); nothing prunes the directory: remove it to reclaim the
+    space.
 
 Batches
     :class:`BatchSampler` makes the batch of step ``s`` from ``(seed, s)``
@@ -305,8 +307,10 @@ def _tokenized(docs: list[tuple[str, bytes]], source: str, tokenizer: Tokenizer
 
 
 def _docs_key(encoding: str, docs: list[tuple[str, bytes]]) -> str:
-    """The cache key of these documents (paths and bytes) in this encoding."""
-    key = hashlib.sha256(f"{encoding}/{len(docs)}".encode())
+    """The cache key of these documents (paths and bytes) in this encoding, split and joined
+    by today's rules (a change to them must not reuse an old split)."""
+    split = f"split {VAL_EVERY} {VAL_FRACTION} {SEPARATOR.hex()}"
+    key = hashlib.sha256(f"{encoding}/{split}/{len(docs)}".encode())
     for rel, data in docs:
         key.update(rel.encode("utf-8", "surrogateescape") + b"\0" + hashlib.sha256(data).digest())
     return key.hexdigest()
@@ -330,14 +334,13 @@ def cached_arrays(key: str, make: Callable[[], dict[str, np.ndarray]]) -> tuple[
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        save_file(arrays, tmp)
+        save_file(arrays, tmp)  # its failures are safetensors' own error type, not OSError
         os.replace(tmp, cache)
-    except OSError:  # a cache that cannot be written (read-only home, full disk): the arrays in memory
-        if tmp.parent.is_dir():
+        return mapped_safetensors(cache), False
+    except Exception:  # a cache that cannot be written (read-only, full): the arrays in memory
+        with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         return arrays, False
-    del arrays
-    return mapped_safetensors(cache), False
 
 
 def token_cache_dir() -> Path:
