@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from l2l.data import load_corpus
 from l2l.eps.disk_tier import STATE, copy_layout
 
 STEPS = 2
@@ -26,6 +27,7 @@ def _run(tmp_path: Path):
     cmd = [sys.executable, "-m", "l2l", "train", *MODEL, "--steps", str(STEPS), "--save-every", "0",
            "--plan", "off", "--no-plot", "--no-progress", "--out", str(out), "--eps-offload", str(eps),
            "--eps-offload-copies", "--eps-offload-window", "1"]
+    load_corpus(None)  # the data cache made here: the child only maps it, and its writes are the run's
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     _, status, usage = os.wait4(proc.pid, 0)

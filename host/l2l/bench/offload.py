@@ -344,9 +344,8 @@ def markdown(r: dict, command: str) -> str:
         f"{opt(tl['read']['overlapped_bytes_per_s'])}; {opt(tl['write']['alone_bytes_per_s'])} / "
         f"{opt(tl['write']['overlapped_bytes_per_s'])} |",
         "| the same: the calls' own rates, p10 / median / p90: read; write | "
-        + " / ".join(f"{tl['read'][k] / 1e9:.2f}" for k in ("call_rate_p10", "call_rate_median", "call_rate_p90"))
-        + " GB/s; " + " / ".join(f"{tl['write'][k] / 1e9:.2f}" for k in ("call_rate_p10", "call_rate_median",
-                                                                          "call_rate_p90")) + " GB/s |",
+        + "; ".join(" / ".join(opt(tl[op][k]) for k in ("call_rate_p10", "call_rate_median", "call_rate_p90"))
+                    for op in ("read", "write")) + " |",
         f"| the same: all the bytes over the time any call was under way; the probe's both-at-once rate before / "
         f"after | {opt(tl['busy_bytes_per_s'])}; {opt(m0)} / {opt(m1)} "
         f"({share(tl['busy_bytes_per_s'], m0)} / {share(tl['busy_bytes_per_s'], m1)}) |",

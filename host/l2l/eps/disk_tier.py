@@ -118,8 +118,9 @@ class IoLedger:
     def calls(self) -> list[tuple[str, float, float, int]]:
         """The logged calls in the order they ended: ``(op, start, end, bytes)``, op "read" or "write"."""
         with self._lock:
-            return [("write" if n < 0 else "read", a, b, abs(n))
-                    for a, b, n in zip(self._starts, self._ends, self._sizes)]
+            calls = [("write" if n < 0 else "read", a, b, abs(n))
+                     for a, b, n in zip(self._starts, self._ends, self._sizes)]
+        return sorted(calls, key=lambda c: c[2])  # two threads book their calls: not always in order
 
     def as_dict(self) -> dict:
         """For ``summary.json``: totals, and the per-entry counts keyed by entry (as strings)."""
@@ -205,6 +206,8 @@ def timeline(calls, start: float | None = None, end: float | None = None) -> dic
             full = b - a
             part = _clip([[a, b]], start, end)
             s = _length(part)
+            if s <= 0:  # only its end point in the window (or the window is empty)
+                continue
             nb = n * s / full
             o = _length(_intersect(part, unions[other]))
             moved += nb

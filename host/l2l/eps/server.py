@@ -341,9 +341,12 @@ class EagerParamServer:
             calls += self.copies.tier.io.calls
         return calls
 
-    def disk_timeline(self, start: float | None = None, end: float | None = None) -> dict:
-        """:func:`~l2l.eps.disk_tier.timeline` of :meth:`disk_calls` between ``start`` and ``end``."""
-        return timeline(self.disk_calls(), start, end)
+    def disk_timeline(self, start: float | None = None, end: float | None = None) -> dict | None:
+        """:func:`~l2l.eps.disk_tier.timeline` of :meth:`disk_calls` between ``start`` and ``end``;
+        None once the call log was full (a long run: its figures would be the early calls')."""
+        state = self.backend.disk_ledger(settle=False) or {}
+        dropped = state.get("calls_dropped", 0) + (self.copies.tier.io.calls_dropped if self.copies else 0)
+        return None if dropped else timeline(self.disk_calls(), start, end)
 
     def disk_io(self) -> dict | None:
         """With ``--eps-offload``: the disk tier's own ledger of its I/O (bytes and seconds

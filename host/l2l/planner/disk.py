@@ -259,14 +259,19 @@ def probe_disk(directory: str | os.PathLike, nbytes: int = PROBE_BYTES, *, chunk
 
 
 def _mixed(tier: DiskTier, slab, count: int, chunks: list[dict]) -> float:
-    """The probe's mixed phase (:func:`probe_disk`): all the bytes over the wall time."""
+    """The probe's mixed phase (:func:`probe_disk`): all the bytes over the wall time. The
+    threads are joined before this returns or raises (an interrupt too): the caller then
+    closes the tier's files."""
     spare = tier.slab(0)
     spare.raw[4096:] = 2
     failed: list[BaseException] = []
+    stop = threading.Event()
 
     def reads() -> None:
         try:
             for e in range(count):
+                if stop.is_set():
+                    return
                 t0 = time.perf_counter()
                 tier.read(e, into=slab)
                 chunks.append({"op": "mixed read", "entry": e, "bytes": slab.raw.nbytes,
@@ -277,6 +282,8 @@ def _mixed(tier: DiskTier, slab, count: int, chunks: list[dict]) -> float:
     def writes() -> None:
         try:
             for k in range(count):
+                if stop.is_set():
+                    return
                 e = (k + count // 2) % count
                 tier.retarget(spare, e)
                 t0 = time.perf_counter()
@@ -288,10 +295,16 @@ def _mixed(tier: DiskTier, slab, count: int, chunks: list[dict]) -> float:
             failed.append(exc)
     threads = [threading.Thread(target=reads), threading.Thread(target=writes)]
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()  # an interrupted join: the threads stop after their call under way
+        for t in threads:
+            if t.ident is not None:
+                t.join()
     wall = time.perf_counter() - t0
     if failed:
         raise failed[0]
