@@ -79,16 +79,11 @@ class EpsBackend(ABC):
         """The next updates come in this entry order (held steps commit in ascending order); a
         backend that reads state ahead of its updates reads in this order. Default: ignored."""
 
-    def disk_ledger(self, *, settle: bool) -> dict | None:
+    def disk_ledger(self, *, settle: bool):
         """A backend whose state is in files (the disk tier): its own account of that I/O
-        (:class:`~l2l.eps.disk_tier.IoLedger` as a dict), after its pending writes when
-        ``settle``; None for state in memory."""
+        (:class:`~l2l.eps.disk_tier.IoLedger`), after its pending writes when ``settle``;
+        None for state in memory."""
         return None
-
-    def disk_calls(self) -> list:
-        """The disk tier's logged calls (:attr:`~l2l.eps.disk_tier.IoLedger.calls`: op, start,
-        end, bytes); none for state in memory."""
-        return []
 
     def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""

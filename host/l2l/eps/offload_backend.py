@@ -26,7 +26,7 @@ import numpy as np
 
 from .backend import EpsBackend, read_only
 from .contract import StepScalars
-from .disk_tier import DiskTier, Slab
+from .disk_tier import DiskTier, IoLedger, Slab
 
 
 class OffloadedBackend(EpsBackend):
@@ -242,13 +242,10 @@ class OffloadedBackend(EpsBackend):
             self._outcome(fut)
         self._settle_writes()
 
-    def disk_ledger(self, *, settle: bool) -> dict:
+    def disk_ledger(self, *, settle: bool) -> IoLedger:
         if settle:
             self.flush()
-        return self.tier.io.as_dict()
-
-    def disk_calls(self) -> list:
-        return self.tier.io.calls
+        return self.tier.io
 
     def close(self) -> None:
         """Wait for the pending writes (raising the first that failed), then close the files

@@ -33,7 +33,7 @@ from ..errors import EpsWorkerError, PeerLostError, UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .copy_window import DiskCopies
-from .disk_tier import timeline
+from .disk_tier import IoLedger, timeline
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 
@@ -318,54 +318,55 @@ class EagerParamServer:
         for layer in list(self._pending):
             self._wait(layer)
 
+    _TOTALS = ("read_bytes", "read_s", "write_bytes", "write_s")
+
+    def _disk_ledgers(self, *, settle: bool = False) -> dict[str, IoLedger]:
+        """The disk tier's ledgers: the state files' (``"state"``) and, with
+        ``--eps-offload-copies``, the copy files' (``"copies"``); after their pending writes
+        when ``settle``. Empty without the tier."""
+        ledgers = {}
+        state = self.backend.disk_ledger(settle=settle)
+        if state is not None:
+            ledgers["state"] = state
+        if self.copies is not None:
+            if settle:
+                self.copies.flush()
+            ledgers["copies"] = self.copies.tier.io
+        return ledgers
+
     def disk_io_now(self) -> dict | None:
         """The disk tier's ledger totals as they stand (read/write bytes and seconds, state and
         copy files together), without waiting for pending updates or writes: cheap enough
-        for every step's record. None without the tier."""
-        ledgers = []
-        state = self.backend.disk_ledger(settle=False)
-        if state is not None:
-            ledgers.append(state)
-        if self.copies is not None:
-            ledgers.append(self.copies.tier.io.as_dict())
+        for every step's record, with the clock of the tier's call log (``t``). None without
+        the tier."""
+        ledgers = [led.as_dict() for led in self._disk_ledgers().values()]
         if not ledgers:
             return None
-        return {**{k: sum(t[k] for t in ledgers) for k in ("read_bytes", "read_s", "write_bytes", "write_s")},
-                "t": time.perf_counter()}  # the clock of the tier's call log (IoLedger.calls)
+        return {**{k: sum(t[k] for t in ledgers) for k in self._TOTALS}, "t": time.perf_counter()}
 
     def disk_calls(self) -> list:
         """Every logged call of the disk tier, the state files' and the copies', in one list
         (:attr:`~l2l.eps.disk_tier.IoLedger.calls`); empty without the tier."""
-        calls = list(self.backend.disk_calls())
-        if self.copies is not None:
-            calls += self.copies.tier.io.calls
-        return calls
+        return [c for led in self._disk_ledgers().values() for c in led.calls]
 
     def disk_timeline(self, start: float | None = None, end: float | None = None) -> dict | None:
         """:func:`~l2l.eps.disk_tier.timeline` of :meth:`disk_calls` between ``start`` and ``end``;
         None once the call log was full (a long run: its figures would be the early calls')."""
-        state = self.backend.disk_ledger(settle=False) or {}
-        dropped = state.get("calls_dropped", 0) + (self.copies.tier.io.calls_dropped if self.copies else 0)
-        return None if dropped else timeline(self.disk_calls(), start, end)
+        if any(led.calls_dropped for led in self._disk_ledgers().values()):
+            return None
+        return timeline(self.disk_calls(), start, end)
 
     def disk_io(self) -> dict | None:
         """With ``--eps-offload``: the disk tier's own ledger of its I/O (bytes and seconds
         inside its reads and writes, per direction; :class:`~l2l.eps.disk_tier.IoLedger`)
         after the pending updates and writes, for the state files and, with
-        ``--eps-offload-copies``, the copy files, and their sum. None without the tier."""
-        tiers = {}
+        ``--eps-offload-copies``, the copy files, their sum and the timeline of their calls.
+        None without the tier."""
         self.synchronize()
-        state = self.backend.disk_ledger(settle=True)
-        if state is not None:
-            tiers["state"] = state
-        if self.copies is not None:
-            self.synchronize()
-            self.copies.flush()
-            tiers["copies"] = self.copies.tier.io.as_dict()
+        tiers = {name: led.as_dict() for name, led in self._disk_ledgers(settle=True).items()}
         if not tiers:
             return None
-        total = {k: sum(t[k] for t in tiers.values())
-                 for k in ("read_bytes", "read_s", "write_bytes", "write_s")}
+        total = {k: sum(t[k] for t in tiers.values()) for k in self._TOTALS}
         return {**total, **tiers, "timeline": self.disk_timeline()}
 
     def close(self) -> None:
