@@ -26,6 +26,7 @@ never leaves a short one.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import json
 import os
@@ -166,6 +167,17 @@ def _intersect(u: list[list[float]], v: list[list[float]]) -> list[list[float]]:
     return out
 
 
+def _overlap(span: list[float], spans: list[list[float]], ends: list[float]) -> float:
+    """How long ``span`` overlaps the sorted disjoint ``spans`` (``ends``: their ends), from the
+    first of them that ends after it starts: a log of many calls is not walked per call."""
+    a, b = span
+    total, i = 0.0, bisect.bisect_right(ends, a)
+    while i < len(spans) and spans[i][0] < b:
+        total += max(0.0, min(b, spans[i][1]) - max(a, spans[i][0]))
+        i += 1
+    return total
+
+
 def timeline(calls, start: float | None = None, end: float | None = None) -> dict:
     """What the logged calls (:attr:`IoLedger.calls`, of one tier or several: the state's and
     the copies') did between ``start`` and ``end`` (``perf_counter``; default: the first
@@ -194,6 +206,7 @@ def timeline(calls, start: float | None = None, end: float | None = None) -> dic
     unions = {op: _clip(_union([(c[1], c[2]) for c in inside if c[0] == op]), start, end)
               for op in ("read", "write")}
     busy = _clip(_union([(c[1], c[2]) for c in inside]), start, end)
+    ends = {op: [b for _, b in spans] for op, spans in unions.items()}
     both = _intersect(unions["read"], unions["write"])
     rate = lambda b, s: b / s if s > 0 else None  # noqa: E731
     out: dict = {"span_s": span, "busy_s": _length(busy), "read_busy_s": _length(unions["read"]),
@@ -209,7 +222,7 @@ def timeline(calls, start: float | None = None, end: float | None = None) -> dic
             if s <= 0:  # only its end point in the window (or the window is empty)
                 continue
             nb = n * s / full
-            o = _length(_intersect(part, unions[other]))
+            o = _overlap(part[0], unions[other], ends[other])
             moved += nb
             secs += s
             over_s += o
