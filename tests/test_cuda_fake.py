@@ -1,13 +1,16 @@
 """The CUDA transport's code, run on the CPU through a deferred fake of ``torch.cuda``.
 
 ``tests/fake_cuda.py`` runs every copy the transport queues on a side stream as
-late as CUDA allows, poisons destinations with NaN until their copy runs and
+late as CUDA allows, poisons destinations with NaN until their copy runs,
 records a copy whose memory was freed (no ``record_stream``) or rewritten before
-it ran. Training through it must equal the zero-copy ``CpuTransport`` bit for
-bit: a missing wait shows as NaN or another bit, a missing ``record_stream`` as an
-error in ``fake.errors``. The counters bound how often the CPU blocks on the GPU.
+it ran, and poisons a copy not ordered after the compute kernels that wrote its
+memory (no ``wait_stream``). Training through it must equal the zero-copy
+``CpuTransport`` bit for bit: a missing wait shows as NaN or another bit, a missing
+``record_stream`` as an error in ``fake.errors``. The counters bound how often the CPU blocks on the GPU.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from l2l.relay.parallel import DataParallelRelay
 from l2l.relay.pinned import PinnedRegistry
 from l2l.relay.transport import CudaTransport
 from fake_cuda import FakeCuda
+from transport_mutants import STREAMS, Switch, name_streams, routed_transport
 
 from conftest import CPU, sampler_for
 
@@ -40,10 +44,13 @@ def _stack(tied: bool = False) -> LayerStack:
     return tied_stack
 
 
-def _build(workers: int, stash: str, precision: str, fake: FakeCuda | None, tied: bool = False):
+def _build(workers: int, stash: str, precision: str, fake: FakeCuda | None, tied: bool = False,
+           transport=CudaTransport):
     """A relay (one engine, or ``workers`` data-parallel ones), through the fake or the CPU transport."""
     pinned = PinnedRegistry()  # the workers share it, as make_transports does
-    transports = None if fake is None else [CudaTransport(CPU, cuda=fake, pinned=pinned) for _ in range(workers)]
+    transports = None if fake is None else [transport(CPU, cuda=fake, pinned=pinned) for _ in range(workers)]
+    for t in transports or ():
+        name_streams(t)
     kwargs = {} if fake is None else {"host_alloc": transports[0].host_alloc}
     eps = EagerParamServer(NumpyBackend(), HYPER, copy_dtype=precision, grad_dtype=precision,
                            contributors=workers, **kwargs)
@@ -56,14 +63,17 @@ def _build(workers: int, stash: str, precision: str, fake: FakeCuda | None, tied
 
 
 def _train(engine, corpus, steps: int = STEPS, fake: FakeCuda | None = None, per_step: list | None = None):
+    """Train ``steps`` steps; with ``fake``, this thread's kernels are watched (data-parallel
+    workers are watched through their ``device_scope``)."""
     sampler = sampler_for(corpus, CFG, batch_size=4)
     losses = []
     try:
-        for step in range(steps):
-            before = None if fake is None else fake.compute_waits()
-            losses.append(engine.train_step(sampler.batch(step), step).loss)
-            if per_step is not None:
-                per_step.append(fake.compute_waits() - before)
+        with fake if fake is not None else contextlib.nullcontext():
+            for step in range(steps):
+                before = None if fake is None else fake.compute_waits()
+                losses.append(engine.train_step(sampler.batch(step), step).loss)
+                if per_step is not None:
+                    per_step.append(fake.compute_waits() - before)
         return losses, engine.master_weights()
     finally:
         engine.close()
@@ -76,11 +86,11 @@ def _gradient_pushes(workers: int, tied: bool = False) -> int:
 
 
 def _mismatches(corpus, workers: int, stash: str, precision: str, fake: FakeCuda, steps: int = STEPS,
-                tied: bool = False) -> list[str]:
+                tied: bool = False, transport=CudaTransport) -> list[str]:
     """What the harness finds wrong with training through ``fake`` against the CPU transport."""
     ref_losses, ref_weights = _train(_build(workers, stash, precision, None, tied), corpus, steps)
     per_step: list[int] = []
-    losses, weights = _train(_build(workers, stash, precision, fake, tied), corpus, steps, fake=fake,
+    losses, weights = _train(_build(workers, stash, precision, fake, tied, transport), corpus, steps, fake=fake,
                              per_step=per_step)
     found = list(fake.errors)
     if losses != ref_losses:
@@ -126,6 +136,21 @@ def test_harness_catches_a_missing_stream_wait(corpus, monkeypatch):
     assert any("losses" in f for f in found), found
 
 
+def test_harness_catches_copies_not_ordered_after_compute(corpus):
+    """Without ``wait_stream(compute)`` a copy may run before the compute kernels that wrote its
+    source (a gradient, a stashed activation) or last used its destination's memory: the fake
+    serves it unfinished, and both the loss (stash) and the weights (gradients) go wrong."""
+    switch = Switch()
+    routed, sites = routed_transport(switch)
+    switch.off = (next(s for s in sites if ":wait_stream@" in s), "*")
+    fake = FakeCuda()
+    found = _mismatches(corpus, 1, "host", "fp32", fake, steps=1, transport=routed.CudaTransport)
+    assert any("losses" in f for f in found), found
+    assert any("master weights" in f for f in found), found
+    unordered = {f.split()[3].rstrip(":") for f in found if f.startswith("unordered copy on")}
+    assert unordered == set(STREAMS), found[:5]
+
+
 def test_harness_catches_a_missing_record_stream(corpus):
     """Without record_stream a stashed activation dropped by the relay is freed under its queued
     copy out: the fake reports the use-after-free (and the poisoned stash changes the loss)."""
@@ -142,17 +167,17 @@ def test_inbox_rows_of_one_block_are_found():
     """The EPS allocates a layer's K inboxes as one (K, n) block: row k is found inside the
     allocation, and exactly its n elements are copied (a registry keyed by start address gave
     row 0 the whole block: a size mismatch with two workers)."""
-    fake = FakeCuda()
-    t = CudaTransport(CPU, cuda=fake)
-    block = t.host_alloc(3 * 5, np.float32).reshape(3, 5)
-    block[:] = -1.0
-    for k in range(3):
-        grad = torch.full((5,), float(k))
-        t.download_gradient(grad, block[k])()
-    np.testing.assert_array_equal(block, np.repeat(np.arange(3, dtype=np.float32)[:, None], 5, axis=1))
-    up = t.upload(block[1][1:4])
-    assert up.wait().tolist() == [1.0, 1.0, 1.0]
-    assert fake.errors == []
+    with FakeCuda() as fake:
+        t = CudaTransport(CPU, cuda=fake)
+        block = t.host_alloc(3 * 5, np.float32).reshape(3, 5)
+        block[:] = -1.0
+        for k in range(3):
+            grad = torch.full((5,), float(k))
+            t.download_gradient(grad, block[k])()
+        np.testing.assert_array_equal(block, np.repeat(np.arange(3, dtype=np.float32)[:, None], 5, axis=1))
+        up = t.upload(block[1][1:4])
+        assert up.wait().tolist() == [1.0, 1.0, 1.0]
+        assert fake.errors == []
 
 
 def test_pageable_memory_is_an_error():
@@ -179,16 +204,16 @@ def _fill(t: CudaTransport, values: list[float]) -> np.ndarray:
 def test_dropped_copies_keep_their_memory():
     """A copy-in whose result is dropped before it ran (an error path, a prefetch never used)
     keeps its device destination alive (record_stream), and so does a copy out its source."""
-    fake = FakeCuda()
-    t = CudaTransport(CPU, cuda=fake)
-    pending = t.upload(_fill(t, [1.0, 2.0]))
-    del pending
-    stashed = t.to_host(torch.ones(3))  # the tensor is dropped at once, like the relay's activations
-    back = t.to_device(stashed)
-    del back
-    t.download_gradient(torch.ones(2), t.host_alloc(2, np.float32))
-    fake.synchronize()
-    assert fake.errors == []
+    with FakeCuda() as fake:
+        t = CudaTransport(CPU, cuda=fake)
+        pending = t.upload(_fill(t, [1.0, 2.0]))
+        del pending
+        stashed = t.to_host(torch.ones(3))  # the tensor is dropped at once, like the relay's activations
+        back = t.to_device(stashed)
+        del back
+        t.download_gradient(torch.ones(2), t.host_alloc(2, np.float32))
+        fake.synchronize()
+        assert fake.errors == []
 
 
 @pytest.mark.parametrize("ordered", [True, False])
@@ -197,34 +222,34 @@ def test_reused_stash_buffer_is_ordered_on_the_gpu(monkeypatch, ordered):
     stream wait, not a CPU wait: even when the copy out into it runs as early as allowed, the
     copy back reads the old contents. ``ordered=False`` removes that wait: the fake sees the
     buffer rewritten under the queued copy."""
-    fake = FakeCuda()
-    t = CudaTransport(CPU, cuda=fake)
-    if not ordered:
-        take = t.pool.take
-        monkeypatch.setattr(t.pool, "take", lambda shape, dtype: (take(shape, dtype)[0], None))
-    first = t.to_host(torch.full((4,), 1.0))
-    back = t.to_device(first)
-    t.release(first, back)  # as the stash does: given back before the copy back is waited on
-    second = t.to_host(torch.full((4,), 2.0))
-    assert second.host is first.host
-    fake.run(t.stash_out)  # the adversary: the copy out into the reused buffer runs now
-    values = back.wait().tolist()
-    assert fake.compute_waits() == 0  # the reuse cost the CPU nothing
-    if ordered:
-        assert values == [1.0] * 4 and fake.errors == []
-        assert t.to_device(second).wait().tolist() == [2.0] * 4
-    else:
-        assert any("overwritten source" in e for e in fake.errors), fake.errors
+    with FakeCuda() as fake:
+        t = CudaTransport(CPU, cuda=fake)
+        if not ordered:
+            take = t.pool.take
+            monkeypatch.setattr(t.pool, "take", lambda shape, dtype: (take(shape, dtype)[0], None))
+        first = t.to_host(torch.full((4,), 1.0))
+        back = t.to_device(first)
+        t.release(first, back)  # as the stash does: given back before the copy back is waited on
+        second = t.to_host(torch.full((4,), 2.0))
+        assert second.host is first.host
+        fake.run(t.stash_out)  # the adversary: the copy out into the reused buffer runs now
+        values = back.wait().tolist()
+        assert fake.compute_waits() == 0  # the reuse cost the CPU nothing
+        if ordered:
+            assert values == [1.0] * 4 and fake.errors == []
+            assert t.to_device(second).wait().tolist() == [2.0] * 4
+        else:
+            assert any("overwritten source" in e for e in fake.errors), fake.errors
 
 
 def test_cpu_waits_are_blocking_events():
     """The EPS worker waits on the CPU for a gradient's copy out: on a blocking event (it sleeps)."""
-    fake = FakeCuda()
-    t = CudaTransport(CPU, cuda=fake)
-    inbox = t.host_alloc(3, np.float32)
-    t.download_gradient(torch.full((3,), 5.0), inbox)()
-    assert inbox.tolist() == [5.0] * 3
-    assert sum(fake.cpu_waits.values()) == 1 and sum(fake.spin_waits.values()) == 0
+    with FakeCuda() as fake:
+        t = CudaTransport(CPU, cuda=fake)
+        inbox = t.host_alloc(3, np.float32)
+        t.download_gradient(torch.full((3,), 5.0), inbox)()
+        assert inbox.tolist() == [5.0] * 3
+        assert sum(fake.cpu_waits.values()) == 1 and sum(fake.spin_waits.values()) == 0
 
 
 def _copy_kinds(engine, fake: FakeCuda):
@@ -246,17 +271,17 @@ def _copy_kinds(engine, fake: FakeCuda):
 def test_stash_never_waits_behind_weights(corpus):
     """A stashed activation brought back ahead of its use does not queue behind the next layer's
     whole weights: no forced flush that runs a stash copy runs a weights copy."""
-    fake = FakeCuda()
-    engine = _build(1, "host", "fp32", fake)
-    sampler = sampler_for(corpus, CFG, batch_size=4)
-    try:
-        engine.train_step(sampler.batch(0), 0)
-        flushes = _copy_kinds(engine, fake)
-    finally:
-        engine.close()
-    mixed = [f for f in flushes if "stash" in f[1] and "weights" in f[1]]
-    assert any("stash" in kinds for _, kinds in flushes)
-    assert mixed == [], mixed[:3]
+    with FakeCuda() as fake:
+        engine = _build(1, "host", "fp32", fake)
+        sampler = sampler_for(corpus, CFG, batch_size=4)
+        try:
+            engine.train_step(sampler.batch(0), 0)
+            flushes = _copy_kinds(engine, fake)
+        finally:
+            engine.close()
+        mixed = [f for f in flushes if "stash" in f[1] and "weights" in f[1]]
+        assert any("stash" in kinds for _, kinds in flushes)
+        assert mixed == [], mixed[:3]
 
 
 # ----------------------------------------------------------------- threads and generators
