@@ -17,7 +17,8 @@ asynchronous copy and ``record_stream`` -- as one object, ``cuda``
 (:class:`~l2l.relay.cuda_api.TorchCuda` by default, which is ``torch.cuda``
 itself). The tests hand it a deferred fake (``tests/fake_cuda.py``) that runs
 each side-stream copy as late as CUDA allows, poisons destinations until their
-copy runs and catches memory freed or rewritten under a queued copy, so the
+copy runs, catches memory freed or rewritten under a queued copy and serves a
+copy not ordered after the compute kernels that wrote its memory garbage, so the
 transport's CUDA code runs, and its ordering is checked, where no GPU is. They
 also drive the same pipeline with real copies on threads
 (``tests/threaded_transport.py``) to see its overlap.
