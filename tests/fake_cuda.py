@@ -425,8 +425,12 @@ class FakeCuda:
             self._local.watched = False
 
     def _compute(self, device: torch.device) -> FakeStream:
-        with self.lock:
-            return self._present.setdefault(str(device), FakeStream(self, device, "compute", present=True))
+        key = str(device)
+        stream = self._present.get(key)
+        if stream is None:
+            with self.lock:
+                stream = self._present.setdefault(key, FakeStream(self, device, "compute", present=True))
+        return stream
 
     def _current(self) -> FakeStream:
         stack = getattr(self._local, "stack", None)
