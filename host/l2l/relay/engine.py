@@ -393,10 +393,13 @@ class RelayEngine:
         return [tensors[f"layer{e}.p"] for e in range(self.stack.num_entries)]
 
     def close(self) -> None:
-        """Let queued updates finish and stop the EPS worker (never raises a worker error twice)."""
-        self.eps.close()
-        if hasattr(self.transport, "close"):
-            self.transport.close()
+        """Let queued updates finish and stop the EPS worker (never raises a worker error twice:
+        :meth:`EagerParamServer.close`)."""
+        try:
+            self.eps.close()
+        finally:
+            if hasattr(self.transport, "close"):
+                self.transport.close()
 
 
 def commit_held_step(eps: EagerParamServer, clip_grad_norm: float | None, scalers: list[LossScaler],
