@@ -479,6 +479,14 @@ class EagerParamServer:
                  for layer in self.layers for k in "pmv"}
         return LazyArrays(specs, read)
 
+    def master(self, layer: int) -> np.ndarray:
+        """A copy of the layer's fp32 master weights (after its pending update): ``p`` alone,
+        the moments are not read (:meth:`EpsBackend.read_master`)."""
+        self._wait(layer)
+        if not self._on_backend(layer):
+            return np.zeros(0, np.float32)
+        return self.backend.read_master(layer)
+
     def state_meta(self) -> dict:
         return {"steps": {str(k): v for k, v in self._steps.items()}}
 

@@ -389,8 +389,7 @@ class RelayEngine:
     def master_weights(self) -> list[np.ndarray]:
         """fp32 master weights per EPS entry, flat (the EPS's, after the queued updates):
         each layer's own, then each shared parameter's."""
-        tensors = self.eps.state_tensors()
-        return [tensors[f"layer{e}.p"] for e in range(self.stack.num_entries)]
+        return [self.eps.master(e) for e in range(self.stack.num_entries)]
 
     def close(self) -> None:
         """Let queued updates finish and stop the EPS worker (never raises a worker error twice:
