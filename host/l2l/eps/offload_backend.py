@@ -14,6 +14,18 @@ HLS C-simulation all run on disk unchanged, with the same bits.
 
 Everything else (device copies, checkpoints, a resume's load) goes through the files,
 after the entry's pending write.
+
+**One place per slab.** No slab is reused: each read makes its own, which passes from the
+reader (a future in ``_ahead``) to the one update that pops it (under the lock) to the
+writer, then dies; so none can be held twice, the hazard of the copies' buffer pool
+(:mod:`l2l.eps.copy_window`). Only :meth:`step` runs on the server's worker; the server
+makes the other calls while that worker is idle (after ``synchronize``, or at a commit,
+once every held layer's check, which waits for its last update, is in), so they never
+race an update. The copies' window lends reusable buffers to the relay's threads for as
+long as their views live, in the fetch order it predicts; this one hands a slab to one
+update at a time in the update order it is told: they share the reader and writer threads'
+pattern, not a buffer discipline, and one implementation of both would be larger than the
+two.
 """
 from __future__ import annotations
 

@@ -480,9 +480,10 @@ class EagerParamServer:
         return LazyArrays(specs, read)
 
     def master(self, layer: int) -> np.ndarray:
-        """A copy of the layer's fp32 master weights (after its pending update): ``p`` alone,
-        the moments are not read (:meth:`EpsBackend.read_master`)."""
-        self._wait(layer)
+        """A copy of the layer's fp32 master weights after the pending updates (the backend is
+        read while its worker is idle, as for a checkpoint): ``p`` alone, the moments are not
+        read (:meth:`EpsBackend.read_master`)."""
+        self.synchronize()
         if not self._on_backend(layer):
             return np.zeros(0, np.float32)
         return self.backend.read_master(layer)
