@@ -19,9 +19,9 @@ after the entry's pending write.
 reader (a future in ``_ahead``) to the one update that pops it (under the lock) to the
 writer, then dies; so none can be held twice, the hazard of the copies' buffer pool
 (:mod:`l2l.eps.copy_window`). Only :meth:`step` runs on the server's worker; the server
-makes the other calls while that worker is idle (after ``synchronize``, or at a commit,
-once every held layer's check, which waits for its last update, is in), so they never
-race an update. The copies' window lends reusable buffers to the relay's threads for as
+makes the state calls while that worker is idle (after ``synchronize``), and
+:meth:`expect` at a commit names only held entries, whose last updates are done (each
+one's check waited for it): a read ahead never races its entry's update. The copies' window lends reusable buffers to the relay's threads for as
 long as their views live, in the fetch order it predicts; this one hands a slab to one
 update at a time in the update order it is told: they share the reader and writer threads'
 pattern, not a buffer discipline, and one implementation of both would be larger than the
