@@ -22,7 +22,11 @@ before it (kept for a second worker's fetch), ``window`` waiting to be written, 
 update is writing, and :data:`SPARES` spares: ``2 * window + 5`` at most
 (tests/test_eps_offload_copies.py counts them). A pool of ``window + 2`` would do for the
 fetches alone; the write-behind needs its own ``window`` so that an update never waits for
-the relay to let go of a copy. **One place per buffer.** A buffer is in one place at a time: serving one entry (in
+the relay to let go of a copy. An asynchronous (CUDA) transport copies from the
+buffer on a stream the CPU does not wait for, so a dead array does not prove the copy ran:
+``--eps-offload-copies`` is refused with ``--device cuda`` until a fence is built.
+
+**One place per buffer.** A buffer is in one place at a time: serving one entry (in
 ``_mem``), spare, or in the hands of the one call that took it out (an update's new copy
 from :meth:`~DiskCopies.buffer` to :meth:`~DiskCopies.updated`; an entry's old copy, taken
 out by ``updated`` or ``store``, until they give it back). Only the call holding it moves
@@ -30,10 +34,6 @@ it, under the lock; and an entry whose file is being replaced is not read ahead,
 old copy cannot come back, and be given back twice, while the lock is let go (a buffer
 spare twice would serve two entries at once: a fetch would hand out another entry's
 weights). tests/test_eps_copy_window.py interleaves the threads to check it.
-
-An asynchronous (CUDA) transport copies from the
-buffer on a stream the CPU does not wait for, so a dead array does not prove the copy ran:
-``--eps-offload-copies`` is refused with ``--device cuda`` until a fence is built.
 """
 from __future__ import annotations
 

@@ -21,11 +21,12 @@ writer, then dies; so none can be held twice, the hazard of the copies' buffer p
 (:mod:`l2l.eps.copy_window`). Only :meth:`step` runs on the server's worker; the server
 makes the state calls while that worker is idle (after ``synchronize``), and
 :meth:`expect` at a commit names only held entries, whose last updates are done (each
-one's check waited for it): a read ahead never races its entry's update. The copies' window lends reusable buffers to the relay's threads for as
-long as their views live, in the fetch order it predicts; this one hands a slab to one
-update at a time in the update order it is told: they share the reader and writer threads'
-pattern, not a buffer discipline, and one implementation of both would be larger than the
-two.
+one's check waited for it): a read ahead never races its entry's update.
+
+The copies' window lends reusable buffers to the relay's threads for as long as their
+views live, in the fetch order it predicts; this one hands a slab to one update at a time
+in the update order it is told. They share the pattern of a reader and a writer thread,
+not a buffer discipline: one implementation of both would be larger than the two.
 """
 from __future__ import annotations
 
