@@ -9,6 +9,7 @@ import pytest
 from l2l.build import build_engine
 from l2l.config import TrainConfig
 from l2l.engine import Engine, StepResult
+from l2l.eps.disk_tier import BLOCK
 from l2l.models import build_stack
 
 from conftest import CPU, sampler_for
@@ -43,3 +44,22 @@ def test_engine_role_and_its_learning_rate(name, corpus):
         assert meta["steps"] in ({str(i): 2 for i in range(4)}, {i: 2 for i in range(4)})
     finally:
         engine.close()
+
+
+def test_master_weights_read_the_masters_alone_from_the_disk_tier(corpus, tmp_path):
+    """With the state on disk, master_weights() reads each entry's header and p region alone (the
+    moments stay on disk; the entries the window holds are not read) and gives a checkpoint's p."""
+    cfg = replace(BASE, eps_offload=str(tmp_path / "eps")).check()
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    try:
+        engine.train_step(sampler_for(corpus, cfg.model_config(), cfg.batch_size).batch(0), 0)
+        state = engine.state_tensors()  # after the updates; the reads ahead are done
+        tier = engine.eps.backend.tier
+        bytes_before, reads_before = tier.io.read_bytes, dict(tier.io.reads)
+        masters = engine.master_weights()
+        read = {e: n - reads_before.get(e, 0) for e, n in tier.io.reads.items() if n != reads_before.get(e, 0)}
+    finally:
+        engine.close()
+    assert len(read) >= len(tier.numels) - cfg.eps_offload_window and set(read.values()) == {1}, read
+    assert tier.io.read_bytes - bytes_before == sum(BLOCK + tier.layout.region_bytes(tier.numels[e]) for e in read)
+    assert [m.tobytes() for m in masters] == [state[f"layer{e}.p"].tobytes() for e in range(len(masters))]

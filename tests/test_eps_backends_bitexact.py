@@ -485,6 +485,9 @@ def test_read_state_round_trip(backend):
         assert got.dtype == np.float32 and np.array_equal(bits_of(got), bits_of(want)), name
     got = backend.read_state(layer)
     got[0][...] = 0  # read_state hands out copies
+    master = backend.read_master(layer)
+    assert master.dtype == np.float32 and np.array_equal(bits_of(master), bits_of(state[0]))
+    master[...] = 0  # and so does read_master
     with pytest.raises(ValueError):
         backend.write_state(layer, state[0], state[1], state[2][:-1])
     with pytest.raises(ValueError):

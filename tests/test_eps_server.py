@@ -405,6 +405,51 @@ def test_nonfinite_gradient_skips_the_update(gdtype, bad):
     call(srv.close)
 
 
+def _close_while_layer_0_updates(srv):
+    """close() while layer 0's update runs (gated) and layer 1's waits behind it: layer 0 is
+    let go only once close has begun (the worker takes no new work, and today's close has
+    cancelled what was queued)."""
+    be = srv.backend
+    for layer in (0, 1):
+        srv.add_layer(layer, np.ones(10, np.float32))
+        srv.gradient_inbox(layer)[:] = 0.5
+        srv.push_gradient(layer, divisor=1.0)
+    assert be.entered.wait(TIMEOUT)
+    shutdown = srv._worker.shutdown
+
+    def shutdown_then_release(wait=True, *, cancel_futures=False):
+        shutdown(wait=False, cancel_futures=cancel_futures)
+        be.release.set()
+        shutdown(wait=wait)
+    srv._worker.shutdown = shutdown_then_release
+    call(srv.close)
+
+
+def test_close_lets_the_queued_updates_finish():
+    """A step's last updates are applied by close, not dropped: the state a caller reads
+    after it (or the disk tier's files) is the step's."""
+    srv = make_server(RecordingBackend(gated={0}))
+    _close_while_layer_0_updates(srv)
+    assert [(r.layer, r.step, r.finite) for r in srv.history] == [(0, 1, True), (1, 1, True)]
+    assert srv.step_count(1) == 1 and not same_bits(srv.state_tensors()["layer1.p"], np.ones(10, np.float32))
+
+
+def test_close_raises_an_update_error_it_waited_for_once():
+    """An update that fails while close waits for it is raised by close (no one else would
+    see it); an error already raised is not raised again."""
+    srv = make_server(RecordingBackend(gated={0}, fail={1}))
+    with pytest.raises(EpsWorkerError) as info:
+        _close_while_layer_0_updates(srv)
+    assert "boom in layer 1" in str(info.value.__cause__)
+    with pytest.raises(EpsWorkerError):
+        srv.poll()
+    srv = _failing_server()
+    srv.push_gradient(0, divisor=1.0)
+    with pytest.raises(EpsWorkerError):
+        call(srv.fetch, 0)
+    call(srv.close)
+
+
 # --------------------------------------------------------------------------
 # checkpoints
 # --------------------------------------------------------------------------

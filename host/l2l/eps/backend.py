@@ -46,6 +46,12 @@ class EpsBackend(ABC):
     def read_state(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host copies of ``(p, m, v)`` for a checkpoint."""
 
+    def read_master(self, layer: int) -> np.ndarray:
+        """A host copy of the layer's fp32 master weights ``p`` alone (the trained weights, for
+        an export or a comparison): a backend moves ``p`` only, not the moments (a third of
+        :meth:`read_state`'s traffic). The default is :meth:`read_state`'s ``p``."""
+        return self.read_state(layer)[0]
+
     def state_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(p, m, v)`` to read now and drop before the next step: a backend that keeps the
         state in host memory returns its own arrays, read-only, so a checkpoint copies nothing

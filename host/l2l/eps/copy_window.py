@@ -25,6 +25,15 @@ fetches alone; the write-behind needs its own ``window`` so that an update never
 the relay to let go of a copy. An asynchronous (CUDA) transport copies from the
 buffer on a stream the CPU does not wait for, so a dead array does not prove the copy ran:
 ``--eps-offload-copies`` is refused with ``--device cuda`` until a fence is built.
+
+**One place per buffer.** A buffer is in one place at a time: serving one entry (in
+``_mem``), spare, or in the hands of the one call that took it out (an update's new copy
+from :meth:`~DiskCopies.buffer` to :meth:`~DiskCopies.updated`; an entry's old copy, taken
+out by ``updated`` or ``store``, until they give it back). Only the call holding it moves
+it, under the lock; and an entry whose file is being replaced is not read ahead, so its
+old copy cannot come back, and be given back twice, while the lock is let go (a buffer
+spare twice would serve two entries at once: a fetch would hand out another entry's
+weights). tests/test_eps_copy_window.py interleaves the threads to check it.
 """
 from __future__ import annotations
 
@@ -84,6 +93,7 @@ class DiskCopies:
         self._lock = threading.Lock()
         self._last: int | None = None
         self._keep: set[int] = set()  # the entries the last fetch wants in memory
+        self._replacing: set[int] = set()  # entries whose old copy an update or store took out: not read ahead
         self._step = -1  # the predicted direction in the entry order: -1 backward, +1 forward
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-copy-read")
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-copy-write")
@@ -115,7 +125,8 @@ class DiskCopies:
             except BaseException as exc:
                 mine.read.set_exception(exc)
                 with self._lock:
-                    self._mem.pop(entry, None)
+                    if self._mem.get(entry) is mine:
+                        del self._mem[entry]
                 raise
         if held.read is not None:
             held.read.result()  # a damaged file: its one-line error, here
@@ -156,7 +167,7 @@ class DiskCopies:
         self._keep = {entry, self._last_but_one(entry), *route}
         self._evict()
         for e in route:
-            if e not in self._mem:
+            if e not in self._mem and e not in self._replacing:
                 held = self._mem[e] = self._buffer(e)
                 held.read = self._reader.submit(self.tier.read, e, held.slab)
 
@@ -205,11 +216,11 @@ class DiskCopies:
     def updated(self, entry: int, held: _Copy) -> None:
         """``held`` has the entry's new copy: it serves the entry's fetches from now on, and is
         written behind (at most ``window`` writes wait: the oldest is waited for)."""
-        with self._lock:
-            old = self._mem.get(entry)
+        old = self._take_out(entry)
         if old is not None and old.read is not None:
-            old.read.exception()  # a read of the old copy still filling its buffer
+            old.read.exception()  # a read of the old copy still filling its buffer: not under the write
         with self._lock:
+            self._replacing.discard(entry)
             self._mem[entry] = held
             held.write = self._writer.submit(self.tier.store, held.slab)  # after the entry's older writes
             if old is not None:
@@ -227,17 +238,26 @@ class DiskCopies:
 
     def store(self, entry: int, held: _Copy) -> None:
         """Write ``held`` as the entry's copy now (a new entry, a checkpoint loaded)."""
-        with self._lock:
-            old = self._mem.pop(entry, None)
-        if old is not None:
-            for fut in (old.read, old.write):
-                if fut is not None:
-                    fut.exception()
-        self.tier.store(held.slab)
-        with self._lock:
+        old = self._take_out(entry)
+        try:
             if old is not None:
-                self._give_back(old)
-            self._give_back(held)
+                for fut in (old.read, old.write):
+                    if fut is not None:
+                        fut.exception()
+            self.tier.store(held.slab)
+        finally:
+            with self._lock:
+                self._replacing.discard(entry)
+                if old is not None:
+                    self._give_back(old)
+                self._give_back(held)
+
+    def _take_out(self, entry: int) -> _Copy | None:
+        """The entry's copy in memory, now the caller's to give back; the entry is not read
+        ahead until the caller has put its new copy in place."""
+        with self._lock:
+            self._replacing.add(entry)
+            return self._mem.pop(entry, None)
 
     # ------------------------------------------------------------ accounting, end
     def buffers_alive(self) -> int:

@@ -501,12 +501,26 @@ class DiskTier:
         if into is not None:
             self.retarget(into, entry)
         slab = into if into is not None else self.slab(entry)
+        self._read_head(entry, fd, slab.raw)
+        return slab
+
+    def read_masters(self, entry: int) -> np.ndarray:
+        """The entry's first region alone (a state file's ``p``, the master weights), read
+        with the header and checked as :meth:`read` checks: the moments are not read."""
+        fd = self._fd(entry)
+        numel = self.numels[entry]
+        raw = aligned_empty(BLOCK + self.layout.region_bytes(numel), np.uint8, align=BLOCK)
+        self._read_head(entry, fd, raw)
+        return raw[BLOCK:BLOCK + numel * self.layout.dtype.itemsize].view(self.layout.dtype)
+
+    def _read_head(self, entry: int, fd: int, raw: np.ndarray) -> None:
+        """Read the first ``raw.nbytes`` of the entry's file into ``raw`` (booked in the ledger),
+        then check its header and the file's size."""
         t0 = time.perf_counter()
-        got = _transfer(os.preadv, fd, slab.raw)  # short at EOF: the size check below says so
+        got = _transfer(os.preadv, fd, raw)  # short at EOF: the size check below says so
         self._drop_pages(fd, self.open_flags[entry], wrote=False)
         self.io.add(False, entry, got, t0, time.perf_counter())
-        self._check_image(entry, slab.raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))
-        return slab
+        self._check_image(entry, raw[:BLOCK].tobytes(), os.fstat(fd).st_size, self.path(entry))
 
     def store(self, slab: Slab) -> None:
         """Write the image to the entry's file: in place, or for a new file under a temporary

@@ -281,6 +281,9 @@ class HlsCsimBackend(EpsBackend):
     def read_state(self, layer: int):
         return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
 
+    def read_master(self, layer: int) -> np.ndarray:
+        return self._p[layer].copy()
+
     def state_view(self, layer: int):
         return tuple(read_only(a[layer]) for a in (self._p, self._m, self._v))
 

@@ -14,6 +14,19 @@ HLS C-simulation all run on disk unchanged, with the same bits.
 
 Everything else (device copies, checkpoints, a resume's load) goes through the files,
 after the entry's pending write.
+
+**One place per slab.** No slab is reused: each read makes its own, which passes from the
+reader (a future in ``_ahead``) to the one update that pops it (under the lock) to the
+writer, then dies; so none can be held twice, the hazard of the copies' buffer pool
+(:mod:`l2l.eps.copy_window`). Only :meth:`step` runs on the server's worker; the server
+makes the state calls while that worker is idle (after ``synchronize``), and
+:meth:`expect` at a commit names only held entries, whose last updates are done (each
+one's check waited for it): a read ahead never races its entry's update.
+
+The copies' window lends reusable buffers to the relay's threads for as long as their
+views live, in the fetch order it predicts; this one hands a slab to one update at a time
+in the update order it is told. They share the pattern of a reader and a writer thread,
+not a buffer discipline: one implementation of both would be larger than the two.
 """
 from __future__ import annotations
 
@@ -106,15 +119,21 @@ class OffloadedBackend(EpsBackend):
     def _current(self, entry: int) -> tuple[Slab, bool]:
         """(the entry's state as in its file, whether the caller may keep it) without
         disturbing the window: the slab just written, one read ahead, or a new read."""
-        fresh = self._fresh
-        if fresh is not None and fresh.entry == entry:
-            return fresh, False
-        with self._lock:
-            fut = self._ahead.get(entry)
-        if fut is not None:
-            return self._value(fut), False
+        held = self._in_memory(entry)
+        if held is not None:
+            return held, False
         self._wait_write(entry)
         return self.tier.read(entry), True
+
+    def _in_memory(self, entry: int) -> Slab | None:
+        """The entry's state as in its file when the window holds it: the slab just written,
+        or one read ahead; else None."""
+        fresh = self._fresh
+        if fresh is not None and fresh.entry == entry:
+            return fresh
+        with self._lock:
+            fut = self._ahead.get(entry)
+        return self._value(fut) if fut is not None else None
 
     def _forget(self, entry: int) -> None:
         """The entry is about to be rewritten: drop its read ahead and wait for its pending write."""
@@ -221,6 +240,14 @@ class OffloadedBackend(EpsBackend):
     def read_state(self, layer: int):
         slab, own = self._current(layer)
         return tuple(a if own else a.copy() for a in slab.arrays)
+
+    def read_master(self, layer: int) -> np.ndarray:
+        """``p`` from the window, else from the file's ``p`` region alone (m and v stay on disk)."""
+        held = self._in_memory(layer)
+        if held is not None:
+            return held.arrays[0].copy()
+        self._wait_write(layer)
+        return self.tier.read_masters(layer)
 
     def state_view(self, layer: int):
         slab, _ = self._current(layer)

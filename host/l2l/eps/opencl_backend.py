@@ -481,8 +481,15 @@ class OpenCLBackend(EpsBackend):
             copy_out[...] = dense
 
     def read_state(self, layer: int):
+        return self._read(layer, 3)
+
+    def read_master(self, layer: int) -> np.ndarray:
+        return self._read(layer, 1)[0]
+
+    def _read(self, layer: int, regions: int) -> tuple[np.ndarray, ...]:
+        """Host copies of the first ``regions`` of the layer's ``p, m, v`` buffers."""
         n = self._numel[layer]
-        out = tuple(np.empty(n, np.float32) for _ in range(3))
+        out = tuple(np.empty(n, np.float32) for _ in range(regions))
         for host, dev in zip(out, self._state[layer] if n else ()):
             self._cl.enqueue_copy(self.queue, host, dev, is_blocking=False)
         self.queue.finish()

@@ -97,6 +97,7 @@ class EagerParamServer:
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._error_told = False  # poll() has raised it to a caller
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-update")
         self.wait_seconds = 0.0    # time callers spent blocked on pending updates
         self.update_seconds = 0.0  # time the worker spent updating
@@ -309,6 +310,8 @@ class EagerParamServer:
 
     def poll(self) -> None:
         """Raise the first worker error, if any."""
+        if self._error is not None:
+            self._error_told = True
         if isinstance(self._error, (PeerLostError, UserError, OSError)):
             raise self._error  # already one clear line (a lost machine; a damaged --eps-offload file; a disk error)
         if self._error is not None:
@@ -370,12 +373,21 @@ class EagerParamServer:
         return {**total, **tiers, "timeline": self.disk_timeline()}
 
     def close(self) -> None:
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        """Let the queued updates finish, then release the worker, the copy files and the backend.
+
+        A step's last updates belong to the state it leaves (what a caller reads afterwards,
+        the disk tier's files), so they are applied, not dropped; once an update has failed the
+        queued ones are cancelled instead (the state is no step's). An update error no caller
+        was told of (it came while close waited) is raised here, after the release; one
+        already raised is not raised again."""
+        self._worker.shutdown(wait=True, cancel_futures=self._error is not None)
         try:
             if self.copies is not None:
                 self.copies.close()
         finally:
             self.backend.close()
+        if not self._error_told:
+            self.poll()
 
     # ----------------------------------------------------------- worker
     def _update(self, layer: int, previous: Future | None, ready: list, hyper: AdamWHyper,
@@ -466,6 +478,15 @@ class EagerParamServer:
         specs = {f"layer{layer}.{k}": ((self._numel[layer],), np.dtype(np.float32))
                  for layer in self.layers for k in "pmv"}
         return LazyArrays(specs, read)
+
+    def master(self, layer: int) -> np.ndarray:
+        """A copy of the layer's fp32 master weights after the pending updates (the backend is
+        read while its worker is idle, as for a checkpoint): ``p`` alone, the moments are not
+        read (:meth:`EpsBackend.read_master`)."""
+        self.synchronize()
+        if not self._on_backend(layer):
+            return np.zeros(0, np.float32)
+        return self.backend.read_master(layer)
 
     def state_meta(self) -> dict:
         return {"steps": {str(k): v for k, v in self._steps.items()}}

@@ -389,14 +389,16 @@ class RelayEngine:
     def master_weights(self) -> list[np.ndarray]:
         """fp32 master weights per EPS entry, flat (the EPS's, after the queued updates):
         each layer's own, then each shared parameter's."""
-        tensors = self.eps.state_tensors()
-        return [tensors[f"layer{e}.p"] for e in range(self.stack.num_entries)]
+        return [self.eps.master(e) for e in range(self.stack.num_entries)]
 
     def close(self) -> None:
-        """Let queued updates finish and stop the EPS worker (never raises a worker error twice)."""
-        self.eps.close()
-        if hasattr(self.transport, "close"):
-            self.transport.close()
+        """Let queued updates finish and stop the EPS worker (never raises a worker error twice:
+        :meth:`EagerParamServer.close`)."""
+        try:
+            self.eps.close()
+        finally:
+            if hasattr(self.transport, "close"):
+                self.transport.close()
 
 
 def commit_held_step(eps: EagerParamServer, clip_grad_norm: float | None, scalers: list[LossScaler],

@@ -128,10 +128,12 @@ class DataParallelRelay:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self.eps.close()
-        for w in self.workers:
-            if hasattr(w.transport, "close"):
-                w.transport.close()
+        try:
+            self.eps.close()
+        finally:
+            for w in self.workers:
+                if hasattr(w.transport, "close"):
+                    w.transport.close()
 
 
 def _on_device(worker: RelayEngine, fn, *args, **kwargs):
