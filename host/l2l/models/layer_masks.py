@@ -26,9 +26,22 @@ class _Recorded(Exception):
 
 
 class _Recorder(nn.Module):
-    def __init__(self, found: list, index: int, last: bool) -> None:
+    """Stands in for ``layer`` (a meta one): keeps the mask it is called with; any other
+    attribute the model's forward reads of it (4.5x's ``attention_type``) is the layer's."""
+
+    def __init__(self, layer: nn.Module, found: list, index: int, last: bool) -> None:
         super().__init__()
+        self.layer = layer
         self.found, self.index, self.last = found, index, last
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            layer = self.__dict__.get("_modules", {}).get("layer")
+            if layer is None:
+                raise
+            return getattr(layer, name)
 
     def forward(self, hidden_states, *args, **kwargs):
         if "attention_mask" not in kwargs:
@@ -72,10 +85,11 @@ class LayerMasks:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the run's random stream untouched
             skeleton = self._base_class(self._config)
         found: list = [None] * self._count
+        layers = getattr(skeleton, self._layers_attr)
         for name, _ in list(skeleton.named_children()):
             setattr(skeleton, name, _Unused())
         setattr(skeleton, self._layers_attr, nn.ModuleList(
-            _Recorder(found, i, i == self._count - 1) for i in range(self._count)))
+            _Recorder(layer, found, i, i == self._count - 1) for i, layer in enumerate(layers)))
         skeleton.eval()
         try:
             with torch.no_grad():
