@@ -80,3 +80,17 @@ def test_relay_trains_like_transformers_beyond_the_window(windowed):
             assert ours == pytest.approx(float(loss.detach()), rel=1e-5), step
     finally:
         engine.close()
+
+
+def test_two_relay_workers_slide_the_window_too(windowed):
+    """--devices 2: the second worker's stack is a skeleton of the first (``LayerStack.skeleton``);
+    its blocks ask for their masks as the first's do, so the step's loss (each worker half the
+    micro-batches) is transformers' own."""
+    directory, batch = windowed["mistral"], _batch()
+    want = _hf_loss(directory, batch) / batch.num_targets
+    cfg = _cfg(directory, devices=2)
+    engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+    try:
+        assert engine.train_step(batch, 0).loss == pytest.approx(want, rel=1e-5)
+    finally:
+        engine.close()
