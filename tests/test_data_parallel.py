@@ -58,6 +58,40 @@ def test_strict_mode_with_workers(corpus):
         assert abs(a - b) <= 1e-6 * abs(a), (one, two)
 
 
+def test_extra_workers_allocate_no_weights():
+    """--devices 4 of a model built with its weights in torch (hf-gpt2): building the engine
+    around the stack allocates no parameter storage for workers 1..3 (a worker's weights
+    come from the EPS), where it used to build and initialise three more whole models. Their
+    stacks are the first one's shapes: every parameter a meta placeholder, a tied one still
+    one, the same buffers."""
+    cfg = replace(CFG, model="hf-gpt2", devices=4, dropout=0.0).check()
+    stack = build_stack(cfg.model_config(), cfg.seed)
+    allocated = []
+
+    def count(module, name, param):
+        if param is not None and not param.is_meta:
+            allocated.append(param.untyped_storage().nbytes())
+
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(count)
+    try:
+        engine = build_engine(cfg, stack, torch.device("cpu"))
+    finally:
+        hook.remove()
+    try:
+        assert sum(allocated) == 0, f"{len(allocated)} parameters, {sum(allocated)} bytes"
+        first, *others = [w.stack for w in engine.workers]
+        assert len(others) == 3 and all(s is not first for s in others)
+        for other in others:
+            assert other.signature() == first.signature()
+            for a, b in zip(first.layers, other.layers):
+                assert a.module is not b.module
+                assert all(p.is_meta for p in b.module.parameters())
+                for (na, ba), (nb, bb) in zip(a.module.named_buffers(), b.module.named_buffers()):
+                    assert na == nb and torch.equal(ba, bb)
+    finally:
+        engine.close()
+
+
 def test_devices_must_divide_the_micro_batches(tmp_path):
     r = run_cli("train", "--devices", "3", "--out", str(tmp_path / "r"))
     assert r.returncode == 2 and "--devices 3" in r.stderr and "Traceback" not in r.stderr

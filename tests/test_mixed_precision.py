@@ -9,11 +9,13 @@ from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
 from l2l.metrics import read_metrics
 from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
+from l2l.relay.parallel import DataParallelRelay
 from l2l.relay.scaler import LossScaler
 
 from l2l.baseline import PlainEngine
 
 from conftest import CPU, run_cli, sampler_for
+from test_cuda_fake import CFG as TIED_CFG, _stack as tiny_gpt
 
 CFG = ModelConfig(layers=2, d_model=64, heads=4, seq_len=64)
 HYPER = AdamWHyper(lr=3e-3)
@@ -163,9 +165,41 @@ def test_strict_injected_overflow_skips_the_whole_step(corpus):
     relay._hand_over = poisoned
     results = [relay.train_step(sampler.batch(s), s) for s in range(3)]
     relay.eps.synchronize()
-    assert [r.skipped_layers for r in results] == [0, len(relay.layers), 0]
+    assert [r.skipped_layers for r in results] == [0, relay.stack.num_entries, 0]
     assert [r.loss_scale for r in results] == [2.0 ** 16, 2.0 ** 16, 2.0 ** 15]
     assert {relay.eps.step_count(i) for i in range(len(relay.layers))} == {2}
+
+
+def test_skipped_counts_eps_entries_a_tied_embedding_included(corpus):
+    """An fp16 step whose every gradient overflows (scale 2**40) on a GPT whose head is tied to
+    its token embedding: pre, 3 blocks, post and the tied entry are 6 EPS entries, and every
+    engine reports 6 skipped -- the strict relay, strict with 2 workers, the plain engine's
+    GradScaler, and the eager relay (a step late, when the updates settle), whose count is
+    the EPS's records of skipped updates."""
+    entries = tiny_gpt(tied=True).num_entries
+    assert entries == len(tiny_gpt(tied=True).layers) + 1 == 6
+    batches = sampler_for(corpus, TIED_CFG, batch_size=8).fixed_batches(2)
+
+    def eps(contributors: int = 1):
+        return EagerParamServer(NumpyBackend(), HYPER, copy_dtype="fp16", grad_dtype="fp16",
+                                contributors=contributors)
+
+    strict = RelayEngine(tiny_gpt(tied=True), eps(), CPU, micro_batches=2, precision="fp16", overflow="strict")
+    two = DataParallelRelay([tiny_gpt(tied=True), tiny_gpt(tied=True)], eps(2), [CPU, CPU], micro_batches=2,
+                            precision="fp16", overflow="strict")
+    eager = RelayEngine(tiny_gpt(tied=True), eps(), CPU, micro_batches=2, precision="fp16")
+    plain = PlainEngine(tiny_gpt(tied=True), HYPER, CPU, precision="fp16", loss_scale=2.0 ** 40)
+    for relay in (strict, eager, *two.workers):
+        relay.scaler.scale = 2.0 ** 40
+    try:
+        assert strict.train_step(batches[0], 0).skipped_layers == entries
+        assert two.train_step(batches[0], 0).skipped_layers == entries
+        assert plain.train_step(batches[0], 0).skipped_layers == entries
+        eager.train_step(batches[0], 0)
+        assert eager.train_step(batches[1], 1).skipped_layers == entries
+    finally:
+        for engine in (strict, two, eager):
+            engine.close()
 
 
 def test_clipping_needs_strict(tmp_path):
@@ -179,5 +213,5 @@ def test_plain_fp16_uses_gradscaler(corpus):
     base = PlainEngine(build_stack(cfg, 0), HYPER, CPU, precision="fp16", loss_scale=2.0 ** 40)
     sampler = sampler_for(corpus, cfg, batch_size=8)
     first = base.train_step(sampler.batch(0), 0)
-    assert first.skipped_layers == len(base.modules) and base.scaler.get_scale() == 2.0 ** 39
+    assert first.skipped_layers == base.stack.num_entries and base.scaler.get_scale() == 2.0 ** 39
     assert all(p.dtype == torch.float32 for p in base.params)

@@ -56,13 +56,16 @@ def _families():
 
 
 def _write(tmp: Path, name: str, **save) -> Path:
-    cls, config = _families()[name]
+    return write_checkpoint(*_families()[name], tmp / name, **save)
+
+
+def write_checkpoint(cls, config, out: Path, **save) -> Path:
+    """A seeded model of ``cls`` and ``config``, saved to ``out`` with ``save_pretrained``."""
     torch.manual_seed(0)
     model = cls(config)
     with torch.no_grad():  # biases and norms away from their init, so a wrong mapping shows
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
-    out = tmp / name
     model.save_pretrained(out, **save)
     return out
 

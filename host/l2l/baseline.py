@@ -96,7 +96,8 @@ class PlainEngine:
         if self.scaler:
             self.scaler.step(self.optimizer)  # skipped when any gradient is inf/NaN
             self.scaler.update()
-            skipped = len(self.modules) if self.scaler.get_scale() < scale else 0
+            # counted as the relay counts: EPS entries, a tied parameter one of its own
+            skipped = self.stack.num_entries if self.scaler.get_scale() < scale else 0
         else:
             self.optimizer.step()
         weight_bytes = sum(p.numel() * p.element_size() * 2 for p in self.params)

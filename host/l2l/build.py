@@ -16,7 +16,7 @@ from .eps.disk_tier import DiskTier, copy_layout
 from .eps.numerics import COPY_DTYPES
 from .eps.offload_backend import OffloadedBackend
 from .errors import UserError
-from .models import LayerStack, build_stack
+from .models import LayerStack
 from .relay.engine import RelayEngine
 from .relay.parallel import DataParallelRelay
 from .relay.transport import make_transports
@@ -97,7 +97,7 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
         return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,
                            seed=cfg.seed, transport=transports[0], precision=cfg.precision,
                            overflow=cfg.overflow, clip_grad_norm=cfg.clip_grad_norm, micro_batch_offset=rank * m)
-    stacks = [stack] + [build_stack(cfg.model_config(), cfg.seed) for _ in devices[1:]]
+    stacks = [stack] + [stack.skeleton() for _ in devices[1:]]  # one model's weights, read once
     return DataParallelRelay(stacks, eps, devices, micro_batches=m, stash=cfg.stash,
                              seed=cfg.seed, precision=cfg.precision, overflow=cfg.overflow,
                              clip_grad_norm=cfg.clip_grad_norm, transports=transports,

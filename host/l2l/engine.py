@@ -31,8 +31,9 @@ class StepResult:
     device_peak_bytes: int
     device_weight_peak_bytes: int
     loss_scale: float = 1.0      # the scale this step's backward used
-    # layers whose update was skipped for a non-finite gradient: in eager mode those of the
-    # previous step (known when its updates settle), with --overflow strict this step's
+    # EPS entries (a layer's own weights, or a tied parameter) whose update was skipped for a
+    # non-finite gradient: in eager mode those of the previous step (known when its updates
+    # settle), with --overflow strict this step's (all or none); every engine counts so
     skipped_layers: int = 0
     grad_norm: float | None = None   # global gradient norm (--overflow strict, or clipping)
     host_stash_bytes: int = 0        # the host stash's peak this step (--stash host), all workers

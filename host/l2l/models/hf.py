@@ -19,7 +19,9 @@ Departures from stock HF, and why:
   transformers 5 on, the causal mask is built once at the model level, and a
   block called alone never sees it; with no mask, sdpa falls back to the
   attention module's own ``is_causal``, so a GPT-2 block alone is still causal
-  (eager attention without a mask would silently look ahead).
+  (eager attention without a mask would silently look ahead). The Llama-style
+  decoders' blocks get the mask their model's forward would give them
+  (:mod:`.layer_masks`): none, or a sliding window's.
 * BERT's word embedding gets no ``padding_idx``: byte 0 is a real token whose
   embedding must learn (a padding row gets no gradient).
 * BERT's ``cls.predictions.bias`` is left out: once untied, HF never reads it
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from .config import BYTE_VOCAB, MASK_TOKEN, ModelConfig
+from .layer_masks import LayerMasks
 from .stack import Layer, LayerStack, token_loss_sum
 
 
@@ -56,7 +59,9 @@ class Recipe:
     projection). A block is called as ``layer(hidden, **block_kwargs(aux,
     hidden))``, where ``aux`` is a private copy of the parameter-free module at
     ``block_aux`` (e.g. a rotary embedding) for families whose layers need more
-    than the hidden states.
+    than the hidden states. With ``layer_masks``, a block also gets the
+    ``attention_mask`` the model's own forward would give that layer
+    (:class:`~.layer_masks.LayerMasks`).
     """
 
     make: Callable[[ModelConfig], nn.Module] | None  # None: built from a checkpoint's own config
@@ -65,6 +70,7 @@ class Recipe:
     head: tuple[str, ...]
     block_kwargs: Callable[[nn.Module | None, torch.Tensor], dict[str, Any]] = _no_kwargs
     block_aux: str | None = None
+    layer_masks: bool = False  # blocks take the attention mask the model's forward gives each (sliding windows)
 
 
 class Embed(nn.Module):
@@ -86,16 +92,22 @@ class Embed(nn.Module):
 
 
 class Block(nn.Module):
-    """One HF layer as ``hidden -> hidden``."""
+    """One HF layer as ``hidden -> hidden``; layer ``index`` of ``masks`` where given."""
 
-    def __init__(self, layer: nn.Module, kwargs: Callable[..., dict[str, Any]], aux: nn.Module | None):
+    def __init__(self, layer: nn.Module, kwargs: Callable[..., dict[str, Any]], aux: nn.Module | None,
+                 masks: LayerMasks | None = None, index: int = 0):
         super().__init__()
         self.layer = layer
         self.aux = aux
         self.kwargs = kwargs
+        self.masks = masks
+        self.index = index
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.layer(hidden, **self.kwargs(self.aux, hidden))
+        kwargs = self.kwargs(self.aux, hidden)
+        if self.masks is not None:
+            kwargs["attention_mask"] = self.masks.mask(self.index, hidden)
+        out = self.layer(hidden, **kwargs)
         # Layers return a tensor in transformers 5 and a tuple (hidden, ...) before.
         return out if isinstance(out, torch.Tensor) else out[0]
 
@@ -128,10 +140,12 @@ def cut_model(recipe: Recipe, model: nn.Module, stack_config: dict) -> LayerStac
     if model.config._attn_implementation != "sdpa":  # a lone block is only causal under sdpa
         raise RuntimeError(f"expected sdpa attention, got {model.config._attn_implementation!r}")
     aux = model.get_submodule(recipe.block_aux) if recipe.block_aux else None
+    base, _, blocks_attr = recipe.blocks.rpartition(".")
+    masks = LayerMasks(model.get_submodule(base), blocks_attr) if recipe.layer_masks else None
     layers = [Layer("pre", "pre", recipe.pre(model))]
     for i, layer in enumerate(model.get_submodule(recipe.blocks)):
         block_aux = copy.deepcopy(aux) if aux is not None else None
-        layers.append(Layer(f"block.{i}", "block", Block(layer, recipe.block_kwargs, block_aux)))
+        layers.append(Layer(f"block.{i}", "block", Block(layer, recipe.block_kwargs, block_aux, masks, i)))
     parts = {path.rsplit(".", 1)[-1]: model.get_submodule(path) for path in recipe.head}
     if len(parts) != len(recipe.head):
         raise ValueError(f"head paths must end in distinct names: {recipe.head}")
@@ -225,4 +239,4 @@ def _rotary_kwargs(rotary: nn.Module | None, hidden: torch.Tensor) -> dict[str, 
 
 
 DECODER = Recipe(make=None, pre=_decoder_pre, blocks="model.layers", head=("model.norm", "lm_head"),
-                 block_kwargs=_rotary_kwargs, block_aux="model.rotary_emb")
+                 block_kwargs=_rotary_kwargs, block_aux="model.rotary_emb", layer_masks=True)

@@ -17,9 +17,9 @@ transformers implements them), Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), GPT-
 and BERT (masked LM), with tied or untied input and output embeddings. A tied
 embedding stays one tensor: the stack finds it in the pre and post stages and keeps
 it as one shared EPS entry (``stack.py``), read from and exported under the name
-``save_pretrained`` gives it (the input embedding's). Mistral's sliding window is
-not applied: no sequence here is longer than the window of any released Mistral
-(4096). Checkpoints saved from a base model (GPT-2's ``h.0...`` rather than
+``save_pretrained`` gives it (the input embedding's). A sliding window (Mistral's,
+Qwen2's and Qwen3's) applies where transformers applies it (``layer_masks.py``).
+Checkpoints saved from a base model (GPT-2's ``h.0...`` rather than
 ``transformer.h.0...``) are read too.
 
 Pickle weights (``pytorch_model.bin``, ``*.pt``, ``*.pth``) are never loaded: the

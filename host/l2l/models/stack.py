@@ -23,6 +23,7 @@ a parameter object that appears in two layers' modules is shared.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -217,6 +218,18 @@ class LayerStack:
             for name, p in list(layer.module.named_parameters(remove_duplicate=False)):
                 owner, _, attr = name.rpartition(".")
                 layer.module.get_submodule(owner)._parameters[attr] = fresh[first.setdefault(id(p), name)]
+
+    def skeleton(self) -> "LayerStack":
+        """A copy whose parameters are meta placeholders (a tied one stays one): the same
+        modules, buffers and entries without a byte of weights, for another relay worker,
+        whose weights come from the EPS (``--devices K`` builds one model, not K)."""
+        memo: dict[int, Any] = {}
+        for layer in self.layers:
+            for p in layer.module.parameters():
+                if id(p) not in memo:
+                    memo[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                               requires_grad=p.requires_grad)
+        return copy.deepcopy(self, memo)
 
     def train(self, mode: bool = True) -> None:
         for layer in self.layers:

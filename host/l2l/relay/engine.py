@@ -181,7 +181,7 @@ class RelayEngine:
         return skipped
 
     def _commit(self) -> tuple[int, float]:
-        return commit_held_step(self.eps, self.clip_grad_norm, [self.scaler], len(self.layers))
+        return commit_held_step(self.eps, self.clip_grad_norm, [self.scaler])
 
     # ------------------------------------------------------------ helpers
     def _split(self, batch: Batch):
@@ -401,14 +401,15 @@ class RelayEngine:
                 self.transport.close()
 
 
-def commit_held_step(eps: EagerParamServer, clip_grad_norm: float | None, scalers: list[LossScaler],
-                     layers: int) -> tuple[int, float]:
+def commit_held_step(eps: EagerParamServer, clip_grad_norm: float | None,
+                     scalers: list[LossScaler]) -> tuple[int, float]:
     """--overflow strict: apply the whole held step or none of it, and move every loss scale
-    now. (skipped layers, global gradient norm)."""
+    now. (skipped EPS entries -- all of them, a tied parameter's included, or none --, global
+    gradient norm); eager mode counts its skipped entries the same way."""
     result = eps.commit(clip_grad_norm)
     for scaler in scalers:
         scaler.update(not result.finite)
-    return (0 if result.finite else layers), result.grad_norm
+    return (0 if result.finite else len(eps.layers)), result.grad_norm
 
 
 @contextmanager

@@ -87,8 +87,7 @@ class DataParallelRelay:
             raise errors[0]
         skipped, grad_norm = results[0].skipped_layers, None
         if strict:
-            skipped, grad_norm = commit_held_step(self.eps, self.clip_grad_norm,
-                                                  [w.scaler for w in self.workers], len(self.layers))
+            skipped, grad_norm = commit_held_step(self.eps, self.clip_grad_norm, [w.scaler for w in self.workers])
         return StepResult(
             loss=float(sum(r.loss for r in results)),  # each is its shard's share of the global mean
             tokens=batch.inputs.numel(),
