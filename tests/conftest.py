@@ -56,13 +56,13 @@ def plain(cfg: ModelConfig, hyper: AdamWHyper, *, seed: int = 0, checkpointing: 
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
-            fault: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
+            fault: tuple[str, int] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``python -m l2l ARGS`` in a subprocess, as a user would run it; with ``fault``, through
     ``tests/faulty_l2l.py FAULT N`` (a fault injected from outside the package)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     head = ["-m", "l2l"] if fault is None else [str(ROOT / "tests" / "faulty_l2l.py"), fault[0], str(fault[1])]
     return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+                          env=full_env, timeout=timeout, cwd=cwd)
 
 
 ROOT = Path(__file__).resolve().parents[1]

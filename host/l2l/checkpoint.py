@@ -102,6 +102,9 @@ _SAFETENSORS_DTYPES = {
 }
 _SUPPORTED_DTYPES = frozenset(_SAFETENSORS_DTYPES)
 _NUMPY_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in _SAFETENSORS_DTYPES.items()}
+# bytes per element of every dtype :func:`safetensors_header` sizes, by its header name
+SAFETENSORS_ITEMSIZES = {**{code: dtype.itemsize for code, dtype in _NUMPY_DTYPES.items()},
+                         "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 class LazyArrays(Mapping):
@@ -512,11 +515,13 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(step=step, tensors=tensors, meta=user_meta, path=path)
 
 
-def safetensors_layout(path: Path) -> dict[str, tuple[int, tuple[int, ...], np.dtype]]:
-    """A safetensors file's arrays as ``name -> (byte offset, shape, little-endian dtype)``.
+def safetensors_header(path: Path) -> dict[str, tuple[int, tuple[int, ...], str]]:
+    """A safetensors file's tensors as ``name -> (byte offset in the file, shape, dtype code)``,
+    from its header alone (no data is read).
 
-    The header is read and checked: names, dtypes, shapes, and byte ranges that tile the
-    data to the file's end. ValueError says what is wrong."""
+    The header is checked: names, dtypes, shapes, and byte ranges that tile the data to
+    the file's end, so a truncated file or a corrupt header is found here. ValueError says
+    what is wrong, in one line."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -533,22 +538,36 @@ def safetensors_layout(path: Path) -> dict[str, tuple[int, tuple[int, ...], np.d
         if key == "__metadata__":
             continue
         try:
-            dtype = _NUMPY_DTYPES[info["dtype"]]
+            itemsize = SAFETENSORS_ITEMSIZES[info["dtype"]]
             shape = tuple(int(d) for d in info["shape"])
             start, stop = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{key}: no dtype this reader knows, shape or data offsets") from None
-        parsed.append((start, stop, key, dtype, shape, info["dtype"]))
+        parsed.append((start, stop, key, itemsize, shape, info["dtype"]))
     base, layout, end = 8 + n, {}, 0
-    for start, stop, key, dtype, shape, code in sorted(parsed, key=lambda e: e[:2]):
+    for start, stop, key, itemsize, shape, code in sorted(parsed, key=lambda e: e[:2]):
         count = int(np.prod(shape, dtype=np.int64))
-        if start != end or stop - start != count * dtype.itemsize or min(shape, default=0) < 0:
+        if start != end or stop - start != count * itemsize or min(shape, default=0) < 0:
             raise ValueError(f"{key}: bytes {start}..{stop} do not hold {code}{list(shape)} "
                              f"after byte {end}")
         end = stop
-        layout[key] = (base + start, shape, dtype)
+        layout[key] = (base + start, shape, code)
+    if base + end > size:
+        raise ValueError(f"truncated: its header describes {base + end} bytes, the file has {size}")
     if base + end != size:
         raise ValueError(f"the data ends at byte {base + end} of {size}")
+    return layout
+
+
+def safetensors_layout(path: Path) -> dict[str, tuple[int, tuple[int, ...], np.dtype]]:
+    """A safetensors file's arrays as ``name -> (byte offset, shape, little-endian dtype)``,
+    its header checked (:func:`safetensors_header`) and every dtype one NumPy reads.
+    ValueError says what is wrong."""
+    layout = {}
+    for key, (offset, shape, code) in safetensors_header(path).items():
+        if code not in _NUMPY_DTYPES:
+            raise ValueError(f"{key}: no dtype this reader knows ({code})")
+        layout[key] = (offset, shape, _NUMPY_DTYPES[code])
     return layout
 
 

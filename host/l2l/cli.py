@@ -53,7 +53,7 @@ def _cmd_tokenizer(args) -> int:
 
 def _cmd_export(args) -> int:
     from .export import export
-    out = export(args.run, args.out, dtype=args.dtype)
+    out = export(args.run, args.out, dtype=args.dtype, model=args.model)
     print(f"wrote {out} from the latest checkpoint of {args.run} ({args.dtype})")
     return 0
 
@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run", help="the run directory (l2l train --out)")
     e.add_argument("--out", required=True, help="the model directory to write (must not exist, or be empty)")
     e.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: the exported weights' dtype (default fp32)")
+    e.add_argument("--model", default=None, help="the model directory the run trained, for its config and "
+                   "tokenizer (default: the run's own copy of them, RUN/model)")
     sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "

@@ -113,7 +113,8 @@ class TrainConfig:
                 raise UserError(msg)
 
         family(self.model)  # a built-in family or a model directory whose family is supported
-        need(self.init in ("pretrained", "random"), f"unknown --init {self.init!r}; choose pretrained or random")
+        need(self.init in ("pretrained", "random") or (self.init == "checkpoint" and self.resume),
+             f"unknown --init {self.init!r}; choose pretrained or random")  # checkpoint: a resume's (run_model.py)
         from .eps import BACKENDS
         need(self.eps in BACKENDS, f"unknown EPS backend {self.eps!r}; choose one of {', '.join(BACKENDS)}")
         need(self.eps == "opencl" or not (self.cl_platform or self.cl_device or self.cl_binary),

@@ -2,8 +2,10 @@
 
 For runs of a model directory (``--model DIR``): the master weights of the latest
 checkpoint, named as the source checkpoint names them, in safetensors shards (with an
-index when there are several) in the chosen dtype, beside the source's config (its
-dtype set to the export's) and its tokenizer and generation files. The checkpoint is
+index when there are several) in the chosen dtype, beside the model's config (its
+dtype set to the export's) and its tokenizer and generation files, taken from the run's
+own copy of them (``run_model.py``) or from ``--model DIR``, so the export needs nothing
+from where the model was when it trained. The checkpoint is
 verified first and then read one layer at a time, one shard in memory at most, and
 the directory is written under a temporary name and renamed into place when complete.
 """
@@ -18,18 +20,18 @@ import torch
 from .checkpoint import load_latest
 from .config import TrainConfig
 from .errors import UserError
-from .models.pretrained import checkpoint_keys, is_model_dir
+from .models.pretrained import checkpoint_keys
+from .run_model import COMPANIONS, export_source, same_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SHARD_BYTES = 2 << 30
-# what a model directory carries beside its weights and config, copied as it is
-COMPANIONS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-              "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model", "generation_config.json")
 
 
-def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_bytes: int = SHARD_BYTES) -> Path:
-    """Write the run's latest checkpoint to ``out``; returns ``out``."""
+def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_bytes: int = SHARD_BYTES,
+           model: str | None = None) -> Path:
+    """Write the run's latest checkpoint to ``out``; returns ``out``. ``model``: the model
+    directory the run trained (default: the run's copy of its config and tokenizer)."""
     if dtype not in DTYPES:
         raise UserError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     out = Path(out)
@@ -39,12 +41,13 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
     if ck is None:
         raise UserError(f"{run_dir} holds no checkpoint to export")
     cfg = TrainConfig.from_dict(ck.meta["config"])
-    if not is_model_dir(cfg.model):
+    if "model_type" not in ck.meta.get("signature", {}).get("config", {}):
         raise UserError(f"{run_dir} trained {cfg.model!r}: export writes Hugging Face directories for runs of a "
                         "model directory (--model DIR), whose config and tensor names it reuses")
-    stack, keys = checkpoint_keys(cfg.model)
-    if json.loads(json.dumps(stack.signature())) != ck.meta.get("signature"):
-        raise UserError(f"{cfg.model} no longer matches the model {run_dir} trained (its config changed)")
+    source = export_source(run_dir, model)
+    stack, keys = checkpoint_keys(str(source))
+    if not same_model(ck.meta["signature"], stack.signature()):
+        raise UserError(f"{source} does not match the model {run_dir} trained (its config differs)")
 
     entries = range(stack.num_entries)  # each layer's own tensors, then each tied one (written once)
     shards = _plan_shards([stack.entry_numel(e) * DTYPES[dtype].itemsize for e in entries], shard_bytes)
@@ -71,7 +74,6 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
             total = stack.num_params * DTYPES[dtype].itemsize
             (tmp / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
-        source = Path(cfg.model)
         config = json.loads((source / "config.json").read_text())
         config["dtype"] = DTYPE_NAMES[dtype]
         if "torch_dtype" in config:

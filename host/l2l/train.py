@@ -31,6 +31,7 @@ from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
 from .models.pretrained import is_model_dir
 from .planner.forecast import forecast
+from .run_model import keep_model, model_copy, resumed, same_model
 from .sft import ExampleSampler, is_sft_data, load_examples
 from .tokenizer import load_tokenizer
 
@@ -82,11 +83,13 @@ def _check_resumable(cfg: TrainConfig, saved: dict, stack, where: Path) -> None:
         raise UserError(f"{where} is not an l2l training checkpoint (format {saved.get('format')!r})")
     theirs = saved["trajectory"]
     defaults = TrainConfig().to_dict()  # keys added after the checkpoint was written
+    # a model directory is the same model wherever it is now: the signature compares its content
+    by_content = {"model"} if "model_type" in stack.config else set()
     for key, mine in cfg.trajectory().items():
-        if theirs.get(key, defaults.get(key)) != mine:
+        if key not in by_content and theirs.get(key, defaults.get(key)) != mine:
             raise UserError(f"checkpoint in {where} is from another run: {key} was "
                             f"{theirs.get(key)!r}, now {mine!r}")
-    if saved["signature"] != json.loads(json.dumps(stack.signature())):
+    if not same_model(saved["signature"], stack.signature()):
         raise UserError(f"checkpoint in {where} does not match the model's layer layout")
 
 
@@ -107,7 +110,12 @@ def _offload_run(out: Path) -> str:
                         "--eps-offload state afresh)") from None
 
 
+def run_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
+
+
 def train(cfg: TrainConfig) -> RunSummary:
+    cfg = resumed(cfg, run_dir(cfg))  # a run of a model directory resumes from its own copy
     cfg.check()
     machines = distributed.setup()  # None unless launched as one of several ranks
     try:
@@ -125,7 +133,7 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
             raise UserError(OFFLOAD_MACHINES)
         if rank != 0:  # rank 0 speaks and writes for the run
             cfg = replace(cfg, progress=False, plot=False, plan="off")
-    out = Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
+    out = run_dir(cfg)
     device = resolve_device(cfg.device)
     saved = None
     if cfg.resume:
@@ -183,6 +191,8 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     engine = build_engine(cfg, stack, device, rank=rank, world=world, offload=offload)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        if is_model_dir(cfg.model) and (saved is None or model_copy(out) is None):
+            keep_model(cfg.model, out, stack.config.get("tensors"))  # what resume and export need of it
     try:
         return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, plan, rank, world)
     finally:
@@ -315,7 +325,7 @@ def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> Non
 def _model_line(cfg: TrainConfig, stack) -> str:
     """What the run trains, in a few words: the shape options of a built-in model, or a
     directory's family and depth (its shape comes from its config, not the options)."""
-    if "directory" in stack.config:
+    if "model_type" in stack.config:
         return f"{stack.config['model_type']} from {cfg.model}, {len(stack.layers) - 2} blocks"
     return f"{cfg.model} {cfg.layers} layers x d{cfg.d_model}"
 

@@ -23,12 +23,22 @@ Checkpoints saved from a base model (GPT-2's ``h.0...`` rather than
 ``transformer.h.0...``) are read too.
 
 Pickle weights (``pytorch_model.bin``, ``*.pt``, ``*.pth``) are never loaded: the
-directory is refused with a line saying to convert them to safetensors.
+directory is refused with a line saying to convert them to safetensors. The safetensors
+files are checked whole (headers only) before anything is read or written
+(``weight_files.py``).
+
+A model is identified by content, not by where it lies: the stack's config (which
+checkpoints record in their signature) holds the ``model_type``, the config and, when the
+weights are the directory's, the digest of its tensor index (names, dtypes, shapes).
+A run keeps its own copy of the directory without the weights (``l2l/run_model.py``);
+``--init checkpoint``, set only by a resume, builds from that copy with zero weights,
+which the run's checkpoint then replaces, so a resume reads nothing of the source.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +46,7 @@ import torch
 
 from ..errors import UserError
 from .stack import LayerStack
+from .weight_files import SafetensorsWeights
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,8 @@ FAMILIES = {
 }
 SUPPORTED = tuple(FAMILIES)
 INITS = ("pretrained", "random")
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
-PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+RESUMED = "checkpoint"  # the init of a resume: zero weights, the run's checkpoint replaces them
+COPY_RECORD = "l2l-model.json"  # in a run's copy of its model directory: where it came from, its tensor index
 
 
 def is_model_dir(name: str) -> bool:
@@ -95,49 +105,12 @@ def model_shape(directory: str | Path) -> tuple[int, int, int]:
         raise UserError(f"{directory}: config.json lacks the model's depth, width or head count") from None
 
 
-class SafetensorsWeights:
-    """Tensors of a checkpoint by name, read lazily from one or several safetensors files."""
-
-    def __init__(self, directory: str | Path, base_prefix: str = "") -> None:
-        """``base_prefix``: the base model's attribute (``transformer``, ``bert``), which a
-        checkpoint saved from the base model alone leaves out of its names."""
-        root = Path(directory)
-        self.base_prefix = base_prefix + "." if base_prefix else ""
-        if (root / INDEX).is_file():
-            try:
-                weight_map = json.loads((root / INDEX).read_text())["weight_map"]
-            except (OSError, json.JSONDecodeError, KeyError) as exc:
-                raise UserError(f"{root / INDEX}: not a readable safetensors index ({exc})") from None
-            self._files = {name: root / shard for name, shard in weight_map.items()}
-        elif (root / SINGLE).is_file():
-            from safetensors import safe_open
-            with safe_open(str(root / SINGLE), framework="pt") as f:
-                self._files = {name: root / SINGLE for name in f.keys()}
-        else:
-            pickles = sorted(p.name for pattern in PICKLES for p in root.glob(pattern))
-            if pickles:
-                raise UserError(f"{root}: weights only as pickle ({', '.join(pickles)}), which l2l never loads; "
-                                "convert them to safetensors (e.g. save_pretrained(..., safe_serialization=True))")
-            raise UserError(f"{root}: no {SINGLE} or {INDEX}")
-        self.root = root
-
-    def read(self, name: str) -> torch.Tensor:
-        stored = name
-        if stored not in self._files and self.base_prefix and name.startswith(self.base_prefix):
-            stored = name[len(self.base_prefix):]
-        file = self._files.get(stored)
-        if file is None:
-            raise UserError(f"{self.root}: the checkpoint has no tensor {name!r}")
-        from safetensors import safe_open
-        with safe_open(str(file), framework="pt") as f:
-            return f.get_tensor(stored)
-
-
 def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> LayerStack:
     """The model in ``directory`` as a layer stack; ``init`` "pretrained" reads its weights
     (entry by entry, when the EPS asks), "random" initialises them (the caller seeds).
-    ``seq_len`` is checked against learned position embeddings."""
-    if init not in INITS:
+    ``seq_len`` is checked against learned position embeddings. :data:`RESUMED` builds a
+    run's copy of the directory (no weights) with zero weights, for its checkpoint to replace."""
+    if init not in (*INITS, RESUMED):
         raise UserError(f"unknown --init {init!r}; choose one of {', '.join(INITS)}")
     config = read_config(directory)
     family = FAMILIES[config["model_type"]]
@@ -150,15 +123,40 @@ def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> L
         config, stack_config = _configs(directory)
         return _cut(family, _auto(family).from_config(config, attn_implementation="sdpa", dtype=torch.float32),
                     stack_config)
+    if init == RESUMED:
+        stack, _, _ = _meta_stack(directory)
+        tensors = recorded_tensors(directory)
+        if tensors is not None:
+            stack.config["tensors"] = tensors
+        for e in range(stack.num_entries):
+            _set_source(stack, e, partial(np.zeros, stack.entry_numel(e), np.float32))
+        return stack
+    weights = SafetensorsWeights(directory)  # every file checked before the model is built
     stack, keys, base_prefix = _meta_stack(directory)
-    weights = SafetensorsWeights(directory, base_prefix)
-    for e, entry_keys in enumerate(keys):
-        reader = _reader(weights, stack.entry_layout(e)[1], entry_keys)
-        if e < len(stack.layers):
-            stack.layers[e].source = reader
-        else:
-            stack.shared[e - len(stack.layers)].source = reader
+    stack.config["tensors"] = weights.digest()
+    layouts = [stack.entry_layout(e)[1] for e in range(stack.num_entries)]
+    stored = iter(weights.check([(key, slot.shape) for layout, entry_keys in zip(layouts, keys)
+                                 for slot, key in zip(layout.slots, entry_keys)], base_prefix))
+    for e, layout in enumerate(layouts):
+        _set_source(stack, e, _reader(weights, layout, [next(stored) for _ in layout.slots]))
     return stack
+
+
+def recorded_tensors(directory: str | Path) -> str | None:
+    """The tensor-index digest a run's copy of a model directory records (None: the run
+    started from fresh weights, ``--init random``)."""
+    path = Path(directory) / COPY_RECORD
+    try:
+        return json.loads(path.read_text())["tensors"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a readable record of a run's model ({exc})") from None
+
+
+def _set_source(stack: LayerStack, e: int, reader) -> None:
+    if e < len(stack.layers):
+        stack.layers[e].source = reader
+    else:
+        stack.shared[e - len(stack.layers)].source = reader
 
 
 def checkpoint_keys(directory: str) -> tuple[LayerStack, list[list[str]]]:
@@ -213,19 +211,16 @@ def _configs(directory: str):
     config_dict = read_config(directory)
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     config._attn_implementation = "sdpa"
-    return config, {"directory": str(Path(directory).resolve()), "model_type": config_dict["model_type"],
-                    "config": config_dict}
+    return config, {"model_type": config_dict["model_type"], "config": config_dict}
 
 
-def _reader(weights: SafetensorsWeights, layout, keys: list[str]):
+def _reader(weights: SafetensorsWeights, layout, stored: list[str]):
+    """An entry's weights from the checked files, by each slot's stored tensor name."""
     def read() -> np.ndarray:
         flat = np.empty(layout.numel, np.float32)
         into = torch.from_numpy(flat)
-        for slot, key in zip(layout.slots, keys):
+        for slot, key in zip(layout.slots, stored):
             t = weights.read(key)
-            if tuple(t.shape) != slot.shape:
-                raise UserError(f"{weights.root}: tensor {key!r} has shape {tuple(t.shape)}, the config says "
-                                f"{slot.shape}")
             # converted as it is copied: no fp32 temporary of a bf16/fp16 tensor
             into[slot.offset:slot.offset + slot.numel].copy_(t.reshape(-1))
             del t
