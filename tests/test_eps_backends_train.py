@@ -14,18 +14,18 @@ from l2l.metrics import read_metrics
 from l2l.models import ModelConfig
 
 from conftest import relay, run_cli, sampler_for
+from shared_runs import cli_once
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--no-progress", "--eval-every", "0"]
-# the module's runs are one xdist group, so its shared runs below are made once
-pytestmark = pytest.mark.xdist_group("eps_backends_train")
 
 
 @pytest.fixture(scope="module")
 def numpy_run(tmp_path_factory):
-    """The NumPy EPS's 6-step run of TINY, the reference every other backend's run must equal."""
-    ref = tmp_path_factory.mktemp("numpy") / "ref"
-    r = run_cli("train", *TINY, "--steps", "6", "--out", str(ref))
+    """The NumPy EPS's 6-step run of TINY, the reference every other backend's run must equal
+    (made once for the session)."""
+    ref, r = cli_once(tmp_path_factory, "eps_backends_train-numpy",
+                      lambda out: run_cli("train", *TINY, "--steps", "6", "--out", str(out)))
     assert r.returncode == 0, r.stderr
     return ref
 
@@ -33,8 +33,8 @@ def numpy_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def program_binary(tmp_path_factory):
     """``l2l opencl-binary``'s program, built once for the tests that load or damage it."""
-    binary = tmp_path_factory.mktemp("binary") / "eps.bin"
-    r = run_cli("opencl-binary", "--out", str(binary))
+    binary, r = cli_once(tmp_path_factory, "eps_backends_train-binary",
+                         lambda out: run_cli("opencl-binary", "--out", str(out)), leaf="eps.bin")
     assert r.returncode == 0 and binary.stat().st_size > 0, r.stderr
     return binary
 
