@@ -21,18 +21,23 @@ $(BIN)/python:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
 	  else echo "make: '$(PYTHON) -m venv' failed: install python3-venv (Debian: apt-get install python3-venv)"; exit 1; fi; }
-	$(BIN)/python -m pip install -q --upgrade pip
+
+# One pip run per target: torch (unless a build is already installed: a CUDA one stays), the
+# package and its extras. The venv's own pip does (no self-upgrade); no byte-compiling of every
+# installed file up front (Python compiles what it imports, on first import).
+PIP    := $(BIN)/python -m pip install -q --no-compile --disable-pip-version-check
+NEED_TORCH = $$($(BIN)/python -c 'import torch' 2>/dev/null || echo '$(TORCH)')
 
 $(VENV)/.setup: pyproject.toml | $(BIN)/python
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e '.[hf]'
+	$(PIP) $(NEED_TORCH) -e '.[hf]'
 	touch $@
 
-$(VENV)/.setup-test: $(VENV)/.setup
-	$(BIN)/python -m pip install -q -e '.[test]'
+# Not on top of .setup: one pip run installs the test extras with everything make train needs.
+$(VENV)/.setup-test: pyproject.toml | $(BIN)/python
+	$(PIP) $(NEED_TORCH) -e '.[hf,test]'
 	@$(MAKE) --no-print-directory opencl-platform
 	@$(MAKE) --no-print-directory rtl-tools
-	touch $@
+	touch $(VENV)/.setup $@
 
 # The OpenCL EPS runs on any OpenCL platform; CI and CPU machines use PoCL.
 # As root on Debian: the pocl-opencl-icd package. Otherwise: PoCL from PyPI

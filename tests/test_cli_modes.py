@@ -26,6 +26,7 @@ from l2l.checkpoint import load_latest
 from l2l.metrics import read_metrics
 
 from conftest import ROOT, run_cli
+from shared_runs import cli_once
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--eval-batches", "1", "--no-plot"]
@@ -66,6 +67,11 @@ class Run:
 
 def _train(out: Path, *args: str) -> Run:
     return Run(out, run_cli("train", *args, "--out", str(out)))
+
+
+def _shared(tmp_path_factory, name: str, *args: str) -> Run:
+    """``_train`` of ``args``, run once for the whole session (xdist workers included)."""
+    return Run(*cli_once(tmp_path_factory, f"cli_modes-{name}", lambda out: run_cli("train", *args, "--out", str(out))))
 
 
 def _trained(run: Run, steps: int) -> Run:
@@ -124,32 +130,49 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 # ------------------------------------------------------------------ shared runs
 
+DEFAULTS = {"eps": "numpy", "precision": "fp32", "stash": "device", "plan": "auto"}
+
+
 @pytest.fixture(scope="module")
 def quick_ref(tmp_path_factory) -> Run:
     """The defaults (numpy EPS, fp32, device stash, plan auto), 2 micro-batches, 2 steps."""
-    return _trained(_train(tmp_path_factory.mktemp("quick") / "run", *QUICK), 2)
+    return _trained(_shared(tmp_path_factory, "quick", *QUICK), 2)
+
+
+@pytest.fixture(scope="module")
+def explicit_defaults(tmp_path_factory) -> Run:
+    """QUICK with every default of DEFAULTS named on the command line: the run of each mode
+    test whose value is the default (one run, not four)."""
+    flags = [x for option, value in DEFAULTS.items() for x in (f"--{option}", value)]
+    return _trained(_shared(tmp_path_factory, "explicit", *QUICK, *flags), 2)
+
+
+def _mode_run(tmp_path, explicit_defaults: Run, option: str, value: str) -> Run:
+    if DEFAULTS[option] == value:
+        return explicit_defaults
+    return _trained(_train(tmp_path / "run", *QUICK, f"--{option}", value), 2)
 
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory) -> Run:
-    return _trained(_train(tmp_path_factory.mktemp("one") / "run", *LONG, "--steps", str(STEPS)), STEPS)
+    return _trained(_shared(tmp_path_factory, "one", *LONG, "--steps", str(STEPS)), STEPS)
 
 
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory) -> Run:
-    return _trained(_train(tmp_path_factory.mktemp("two") / "run", *LONG, "--steps", str(STEPS),
+    return _trained(_shared(tmp_path_factory, "two", *LONG, "--steps", str(STEPS),
                            "--devices", "2"), STEPS)
 
 
 @pytest.fixture(scope="module")
 def two_devices_strict(tmp_path_factory) -> Run:
-    return _trained(_train(tmp_path_factory.mktemp("two-strict") / "run", *LONG, "--steps", str(STEPS),
+    return _trained(_shared(tmp_path_factory, "two-strict", *LONG, "--steps", str(STEPS),
                            "--devices", "2", "--overflow", "strict"), STEPS)
 
 
 @pytest.fixture(scope="module")
 def plain_full(tmp_path_factory) -> Run:
-    return _trained(_train(tmp_path_factory.mktemp("plain") / "run", *LONG, "--steps", str(STEPS),
+    return _trained(_shared(tmp_path_factory, "plain", *LONG, "--steps", str(STEPS),
                            "--engine", "plain"), STEPS)
 
 
@@ -212,9 +235,9 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, one_device):
 # ------------------------------------------------------------------ EPS backends, precision, stash
 
 @pytest.mark.parametrize("eps", ["numpy", "opencl", "hls-csim"])
-def test_eps_backend(tmp_path, quick_ref, eps):
+def test_eps_backend(tmp_path, quick_ref, explicit_defaults, eps):
     """Every EPS backend computes the numpy contract's bits: the same losses and state as the default run."""
-    run = _trained(_train(tmp_path / "run", *QUICK, "--eps", eps), 2)
+    run = _mode_run(tmp_path, explicit_defaults, "eps", eps)
     _planned(run)
     assert json.loads((run.out / "config.json").read_text())["eps"] == eps
     assert run.losses == quick_ref.losses
@@ -222,8 +245,8 @@ def test_eps_backend(tmp_path, quick_ref, eps):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_precision(tmp_path, quick_ref, precision):
-    run = _trained(_train(tmp_path / "run", *QUICK, "--precision", precision), 2)
+def test_precision(tmp_path, quick_ref, explicit_defaults, precision):
+    run = _mode_run(tmp_path, explicit_defaults, "precision", precision)
     _planned(run)
     # the EPS keeps fp32 master weights and moments whatever the device computes in
     assert all(t.dtype == np.float32 for t in run.tensors.values())
@@ -240,9 +263,9 @@ def test_precision(tmp_path, quick_ref, precision):
 
 
 @pytest.mark.parametrize("stash", ["device", "host"])
-def test_stash(tmp_path, quick_ref, stash):
+def test_stash(tmp_path, quick_ref, explicit_defaults, stash):
     """Where stashed activations wait changes no number."""
-    run = _trained(_train(tmp_path / "run", *QUICK, "--stash", stash), 2)
+    run = _mode_run(tmp_path, explicit_defaults, "stash", stash)
     _planned(run)
     assert run.losses == quick_ref.losses
     _same_tensors(run.tensors, quick_ref.tensors, exact=True)
@@ -265,8 +288,8 @@ def test_plain_engine(tmp_path, quick_ref, flags):
 # ------------------------------------------------------------------ --plan
 
 @pytest.mark.parametrize("mode", ["auto", "calibrated", "quick", "off"])
-def test_plan_mode(tmp_path, quick_ref, mode):
-    run = _trained(_train(tmp_path / "run", *QUICK, "--plan", mode), 2)
+def test_plan_mode(tmp_path, quick_ref, explicit_defaults, mode):
+    run = _mode_run(tmp_path, explicit_defaults, "plan", mode)
     assert run.losses == quick_ref.losses  # the planner's calibration steps leave the run alone
     if mode == "off":
         assert PLAN_LINE not in run.proc.stdout and " predicted" not in run.proc.stdout, run.proc.stdout

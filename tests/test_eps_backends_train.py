@@ -14,9 +14,29 @@ from l2l.metrics import read_metrics
 from l2l.models import ModelConfig
 
 from conftest import relay, run_cli, sampler_for
+from shared_runs import cli_once
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--no-progress", "--eval-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def numpy_run(tmp_path_factory):
+    """The NumPy EPS's 6-step run of TINY, the reference every other backend's run must equal
+    (made once for the session)."""
+    ref, r = cli_once(tmp_path_factory, "eps_backends_train-numpy",
+                      lambda out: run_cli("train", *TINY, "--steps", "6", "--out", str(out)))
+    assert r.returncode == 0, r.stderr
+    return ref
+
+
+@pytest.fixture(scope="module")
+def program_binary(tmp_path_factory):
+    """``l2l opencl-binary``'s program, built once for the tests that load or damage it."""
+    binary, r = cli_once(tmp_path_factory, "eps_backends_train-binary",
+                         lambda out: run_cli("opencl-binary", "--out", str(out)), leaf="eps.bin")
+    assert r.returncode == 0 and binary.stat().st_size > 0, r.stderr
+    return binary
 
 
 @pytest.mark.parametrize("backend", [OpenCLBackend, HlsCsimBackend])
@@ -35,9 +55,8 @@ def test_per_step_losses_and_weights_are_identical(corpus, family, backend):
 
 
 @pytest.mark.parametrize("eps", ["opencl", "hls-csim"])
-def test_checkpoints_cross_between_backends(tmp_path, eps):
-    ref, mixed = tmp_path / "ref", tmp_path / "mixed"
-    assert run_cli("train", *TINY, "--steps", "6", "--out", str(ref)).returncode == 0
+def test_checkpoints_cross_between_backends(tmp_path, eps, numpy_run):
+    ref, mixed = numpy_run, tmp_path / "mixed"
     assert run_cli("train", *TINY, "--steps", "3", "--out", str(mixed), "--eps", eps,
                    "--schedule-steps", "6").returncode == 0
     r = run_cli("train", *TINY, "--steps", "6", "--out", str(mixed), "--resume")
@@ -59,24 +78,20 @@ def test_bad_binary_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "apply to --eps opencl" in r.stderr
 
 
-def test_program_binary_through_the_cli_trains_identically(tmp_path):
-    binary = tmp_path / "eps.bin"
-    r = run_cli("opencl-binary", "--out", str(binary))
-    assert r.returncode == 0 and binary.stat().st_size > 0, r.stderr
-    ref, loaded = tmp_path / "ref", tmp_path / "loaded"
-    assert run_cli("train", *TINY, "--steps", "3", "--out", str(ref)).returncode == 0
-    r = run_cli("train", *TINY, "--steps", "3", "--out", str(loaded), "--eps", "opencl", "--cl-binary", str(binary))
+def test_program_binary_through_the_cli_trains_identically(tmp_path, numpy_run, program_binary):
+    """The first 3 steps of the NumPy run's 6-step schedule, with the loaded binary."""
+    loaded = tmp_path / "loaded"
+    r = run_cli("train", *TINY, "--steps", "3", "--schedule-steps", "6", "--out", str(loaded), "--eps", "opencl",
+                "--cl-binary", str(program_binary))
     assert r.returncode == 0, r.stderr
-    assert [x["loss"] for x in read_metrics(ref / "metrics.jsonl")] == \
+    assert [x["loss"] for x in read_metrics(numpy_run / "metrics.jsonl")][:3] == \
            [x["loss"] for x in read_metrics(loaded / "metrics.jsonl")]
 
 
-def test_damaged_binary_is_refused_not_a_crash(tmp_path):
+def test_damaged_binary_is_refused_not_a_crash(tmp_path, program_binary):
     """PoCL aborts inside clBuildProgram on a truncated binary; the backend probes it first."""
-    binary = tmp_path / "eps.bin"
-    assert run_cli("opencl-binary", "--out", str(binary)).returncode == 0
     truncated = tmp_path / "truncated.bin"
-    truncated.write_bytes(binary.read_bytes()[:2000])
+    truncated.write_bytes(program_binary.read_bytes()[:2000])
     r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run"), "--eps", "opencl",
                 "--cl-binary", str(truncated))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "damaged" in r.stderr, r.stderr

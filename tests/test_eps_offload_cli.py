@@ -17,6 +17,7 @@ from l2l.eps.disk_tier import BLOCK, entry_file
 from conftest import ROOT, run_cli
 from test_cli_modes import _one_line_error  # noqa: F401  (also used by test_eps_offload_copies)
 from test_train_cli import TINY, _final
+from shared_runs import cli_once
 
 RUN = ["--steps", "4", "--save-every", "2", "--eval-every", "2", "--no-plot"]
 
@@ -40,19 +41,15 @@ def _snapshot(path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """run(eps, precision, disk): the out directory of that run (made once per module)."""
-    base = tmp_path_factory.mktemp("offload")
-    made = {}
-
+    """run(eps, precision, disk): the out directory of that run (made once per session)."""
     def run(eps, precision, disk):
-        key = (eps, precision, disk)
-        if key not in made:
-            out = base / "-".join((eps, precision, "disk" if disk else "ram"))
-            extra = ["--eps", eps, "--precision", precision] + (["--eps-offload", f"{out}.eps"] if disk else [])
-            r = _train(out, *extra)
-            assert r.returncode == 0, r.stderr
-            made[key] = out
-        return made[key]
+        def train(out):
+            offload = ["--eps-offload", f"{out}.eps"] if disk else []
+            return _train(out, "--eps", eps, "--precision", precision, *offload)
+        out, r = cli_once(tmp_path_factory, "eps_offload_cli-" + "-".join((eps, precision, "disk" if disk else "ram")),
+                          train)
+        assert r.returncode == 0, r.stderr
+        return out
     return run
 
 

@@ -7,6 +7,7 @@ safetensors; one sharded), so nothing comes from a hub.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from l2l.data import Batch, _mask
 from l2l.models import build_stack
 
 from conftest import CPU, run_cli
+from shared_runs import cli_once
 
 
 VOCAB, SEQ = 300, 16
@@ -413,18 +415,27 @@ def _corpus(tmp_path) -> Path:
     return folder
 
 
-def _with_tokenizer(tmp_path) -> tuple[Path, Path]:
+@pytest.fixture(scope="module")
+def trained_tokenizer(tmp_path_factory) -> Path:
+    """``l2l tokenizer train`` on ``_corpus``, run once for the session: the tests copy its files."""
+    tok, r = cli_once(tmp_path_factory, "pretrained-tokenizer", lambda out: run_cli(
+        "tokenizer", "train", "--data", str(_corpus(out.parent)), "--vocab-size", "290", "--out", str(out)), leaf="tok")
+    assert r.returncode == 0, r.stderr
+    return tok
+
+
+def _with_tokenizer(tmp_path, trained: Path) -> tuple[Path, Path]:
+    """The llama checkpoint with the trained tokenizer's files, the corpus, and the tokenizer at tmp_path/tok."""
     directory = _write(tmp_path, "llama-gqa")
     data = _corpus(tmp_path)
-    r = run_cli("tokenizer", "train", "--data", str(data), "--vocab-size", "290", "--out", str(tmp_path / "tok"))
-    assert r.returncode == 0, r.stderr
-    for f in (tmp_path / "tok").iterdir():
+    shutil.copytree(trained, tmp_path / "tok")
+    for f in trained.iterdir():
         (directory / f.name).write_bytes(f.read_bytes())
     return directory, data
 
 
-def test_the_model_directorys_tokenizer_is_used_and_its_tokens_are_cached(tmp_path):
-    directory, data = _with_tokenizer(tmp_path)
+def test_the_model_directorys_tokenizer_is_used_and_its_tokens_are_cached(tmp_path, trained_tokenizer):
+    directory, data = _with_tokenizer(tmp_path, trained_tokenizer)
     env = {"L2L_CACHE": str(tmp_path / "cache")}
     flags = ["--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size", "4",
              "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot"]
@@ -442,11 +453,11 @@ def test_the_model_directorys_tokenizer_is_used_and_its_tokens_are_cached(tmp_pa
     assert r.returncode == 0 and "bytes (train" in r.stdout, r.stderr[-2000:]
 
 
-def test_documents_are_joined_by_the_end_of_text_token(tmp_path, monkeypatch):
+def test_documents_are_joined_by_the_end_of_text_token(tmp_path, trained_tokenizer, monkeypatch):
     from l2l.data import load_corpus
     from l2l.tokenizer import load_tokenizer
     monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
-    directory, data = _with_tokenizer(tmp_path)
+    directory, data = _with_tokenizer(tmp_path, trained_tokenizer)
     tok = load_tokenizer(None, str(directory))
     corpus = load_corpus(str(data), tokenizer=tok)
     eos = [int((side == tok.eos_id).sum()) for side in (corpus.train, corpus.val)]
@@ -456,8 +467,8 @@ def test_documents_are_joined_by_the_end_of_text_token(tmp_path, monkeypatch):
         corpus.val[:len(tok.encode(first))]) == first
 
 
-def test_jsonl_text_records_and_mixed_or_fieldless_records(tmp_path):
-    directory, _ = _with_tokenizer(tmp_path)
+def test_jsonl_text_records_and_mixed_or_fieldless_records(tmp_path, trained_tokenizer):
+    directory, _ = _with_tokenizer(tmp_path, trained_tokenizer)
     env = {"L2L_CACHE": str(tmp_path / "cache")}
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({"text": f"record {i} " * 40}) + "\n" for i in range(30)))
@@ -515,8 +526,8 @@ def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
     assert not (tmp_path / "refused").exists()
 
 
-def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
-    _, data = _with_tokenizer(tmp_path)  # 290 tokens, more than the built-in GPT's 256 byte embeddings
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, trained_tokenizer):
+    _, data = _with_tokenizer(tmp_path, trained_tokenizer)  # 290 tokens: more than the GPT's 256 byte embeddings
     r = run_cli("train", "--model", "gpt", "--tokenizer", str(tmp_path / "tok"), "--data", str(data),
                 "--seq-len", str(SEQ), "--steps", "1", "--out", str(tmp_path / "refused"),
                 env={"L2L_CACHE": str(tmp_path / "cache")})
@@ -532,11 +543,11 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if m.
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def test_completion_loss_counts_the_completion_only(tmp_path, monkeypatch):
+def test_completion_loss_counts_the_completion_only(tmp_path, trained_tokenizer, monkeypatch):
     from l2l.sft import ExampleSampler, load_examples
     from l2l.tokenizer import load_tokenizer
     monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
-    directory, _ = _with_tokenizer(tmp_path)
+    directory, _ = _with_tokenizer(tmp_path, trained_tokenizer)
     data = tmp_path / "sft.jsonl"
     prompt, completion = "the relay moves on to the next", " layer while the server updates"
     data.write_text("".join(json.dumps({"prompt": prompt, "completion": completion}) + "\n" for _ in range(24)))
@@ -564,11 +575,11 @@ def test_completion_loss_counts_the_completion_only(tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_chat_records_learn_the_assistant_turns_through_the_template(tmp_path, monkeypatch):
+def test_chat_records_learn_the_assistant_turns_through_the_template(tmp_path, trained_tokenizer, monkeypatch):
     from l2l.sft import load_examples
     from l2l.tokenizer import load_tokenizer
     monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
-    directory, _ = _with_tokenizer(tmp_path)
+    directory, _ = _with_tokenizer(tmp_path, trained_tokenizer)
     config = json.loads((directory / "tokenizer_config.json").read_text())
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
     data = tmp_path / "chat.jsonl"

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from conftest import run_cli
+from shared_runs import cli_once
 from l2l.errors import UserError
 from l2l.tokenizer import (EOS_TOKEN, ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, text_files,
                            train_bpe)
@@ -41,11 +42,11 @@ def _corpus(root, n_files: int = 3):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(the output directory, the command's stdout) of one ``l2l tokenizer train`` run."""
-    base = tmp_path_factory.mktemp("tok")
-    data = _corpus(base / "data")
-    out = base / "bpe"
-    r = run_cli("tokenizer", "train", "--data", str(data), "--vocab-size", str(VOCAB), "--out", str(out))
+    """(the output directory, the command's stdout) of one ``l2l tokenizer train`` run, for the session."""
+    def train(out):
+        data = _corpus(out.parent / "data")
+        return run_cli("tokenizer", "train", "--data", str(data), "--vocab-size", str(VOCAB), "--out", str(out))
+    out, r = cli_once(tmp_path_factory, "tokenizer-bpe", train, leaf="bpe")
     assert r.returncode == 0, r.stderr
     return out, r.stdout
 

@@ -15,6 +15,7 @@ from l2l.checkpoint import load_latest
 from l2l.metrics import read_metrics
 
 from conftest import ROOT, run_cli
+from shared_runs import cli_once
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--warmup-steps", "2", "--lr", "3e-3"]
@@ -27,8 +28,8 @@ def _train(out, *extra, env=None):
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref") / "run"
-    r = _train(out, "--steps", str(STEPS), "--save-every", "2", "--eval-every", "4")
+    out, r = cli_once(tmp_path_factory, "train_cli-reference",
+                      lambda out: _train(out, "--steps", str(STEPS), "--save-every", "2", "--eval-every", "4"))
     assert r.returncode == 0, r.stderr
     return out
 

@@ -1,0 +1,54 @@
+"""Runs that several tests read, made once for the whole test session, xdist workers included.
+
+A module- or session-scoped fixture is made once per xdist worker, and ``-n 2`` spreads a
+module's tests over both workers, so each shared run would be made twice (and
+pytest 9's node ids defeat xdist's ``--dist loadgroup``). Here the first worker to ask
+makes the run under a file lock in the session's shared base directory; the other waits
+for it and reads the same files. Only for runs the tests read and never change.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+
+def _shared_root(tmp_path_factory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """The directory ``make(directory)`` fills, made by one worker of the session; a
+    failed ``make`` leaves nothing behind, so the next test to ask tries again and fails alike."""
+    root = _shared_root(tmp_path_factory)
+    out, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            make(out)
+            done.touch()
+    return out
+
+
+def cli_once(tmp_path_factory, name: str, run: Callable[[Path], subprocess.CompletedProcess],
+             leaf: str = "run") -> tuple[Path, subprocess.CompletedProcess]:
+    """``run(out)`` (a CLI run writing to ``out``, a new path named ``leaf``) made once for the
+    session: ``out`` and the process's exit status and output, as the run that made it saw them."""
+    def make(directory: Path) -> None:
+        proc = run(directory / leaf)
+        (directory / "proc.json").write_text(json.dumps(
+            {"args": [str(a) for a in proc.args], "returncode": proc.returncode,
+             "stdout": proc.stdout, "stderr": proc.stderr}))
+    directory = made_once(tmp_path_factory, name, make)
+    saved = json.loads((directory / "proc.json").read_text())
+    return directory / leaf, subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"],
+                                                          saved["stderr"])
