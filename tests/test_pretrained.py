@@ -495,7 +495,11 @@ def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
     tok = load_tokenizer(None, str(directory))
     assert (tok.eos_id, tok.mask_id) == (1, 2)  # documents joined by [SEP]; [MASK] masks
     corpus = load_corpus(str(data), tokenizer=tok)
-    assert int((corpus.train == 1).sum() + (corpus.val == 1).sum()) == corpus.num_files - 2
+    # each document is transformers' tokenizer(doc): it ends with [SEP], so no [SEP] is put between them
+    hf = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    docs = [hf(f.read_text())["input_ids"] for f in sorted(data.iterdir())]
+    assert all(d[-1] == 1 for d in docs) and corpus.train.size + corpus.val.size == sum(map(len, docs))
+    assert int((corpus.train == 1).sum() + (corpus.val == 1).sum()) == corpus.num_files
     batch = BatchSampler(corpus.train, SEQ, 64, "mlm", mask_id=tok.mask_id, vocab_size=tok.vocab_size).batch(0)
     hidden = batch.targets != -100
     assert (batch.inputs[hidden] == 2).float().mean() > 0.6 and (batch.inputs[~hidden] != 2).all()
