@@ -111,7 +111,7 @@ def load_examples(path: str, tokenizer: Tokenizer) -> Examples:
         key.update(hashlib.sha256(f.read()).digest())
 
     def tokenize() -> dict[str, np.ndarray]:
-        marked = _chat_template(tokenizer) if any(_kind(r) == "chat" for _, r in records) else False
+        marked = _marks_generation(tokenizer) if any(_kind(r) == "chat" for _, r in records) else False
         val = [is_val_document(where) for where, _ in records]
         if not any(val):
             val[-1] = True
@@ -232,7 +232,7 @@ def _overlapping(offsets, spans: list[tuple[int, int]]) -> list[int]:
     return mask
 
 
-def _chat_template(tokenizer: Tokenizer) -> bool:
+def _marks_generation(tokenizer: Tokenizer) -> bool:
     """Whether the tokenizer's chat template marks the assistant's text with ``{% generation %}``;
     one line when it has no template, or marks that this transformers cannot read."""
     source = getattr(tokenizer, "chat_template", None)

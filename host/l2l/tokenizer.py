@@ -134,9 +134,10 @@ class HFTokenizer:
         self.hf.model_max_length = _NO_LENGTH_LIMIT  # documents are longer than a context; no warning about it
         self.backend = self.hf.backend_tokenizer
         self.fingerprint = _fingerprint(self.path, self.hf, transformers)
-        self.eos_token = self.hf.eos_token or self.hf.sep_token
+        special = self.hf.special_tokens_map  # the ones set (transformers 4 logs an error for a missing one)
+        self.eos_token = special.get("eos_token") or special.get("sep_token")
         self.eos_id = self._id_of(self.eos_token, "eos")
-        self.mask_id = self._id_of(self.hf.mask_token, "mask")
+        self.mask_id = self._id_of(special.get("mask_token"), "mask")
         self.chat_template = _chat_template(self.hf)
         self.vocab_size = len(self.hf)
         self.name = os.path.basename(os.path.normpath(os.path.abspath(self.path)))
