@@ -476,10 +476,11 @@ def test_jsonl_text_records_and_mixed_or_fieldless_records(tmp_path):
 
 def _word_tokenizer(directory: Path, corpus: Path, special: dict) -> None:
     """A word-level tokenizer of the corpus's words into ``directory``, with ``special`` tokens
-    (role -> text) named in its tokenizer_config.json, as BERT-style tokenizers have them."""
+    (role -> text) named in its tokenizer_config.json, as BERT-style tokenizers have them
+    (other keys of ``special`` go to the config only)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     words = sorted({w for f in corpus.iterdir() for w in f.read_text().split()})
-    vocab = {t: i for i, t in enumerate(["[UNK]", *special.values(), *words])}
+    vocab = {t: i for i, t in enumerate(["[UNK]", *(v for k, v in special.items() if k.endswith("_token")), *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(directory / "tokenizer.json"))
@@ -508,8 +509,9 @@ def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
              "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot"]
     r = run_cli("train", *flags, "--out", str(tmp_path / "run"), env={"L2L_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr[-2000:]
-    # a tokenizer with no mask token cannot serve a masked-LM objective: one line
-    _word_tokenizer(directory, data, {"sep_token": "[SEP]"})
+    # a tokenizer with no mask token cannot serve a masked-LM objective: one line (the generic class:
+    # transformers' BERT tokenizer class would give it its default [MASK])
+    _word_tokenizer(directory, data, {"sep_token": "[SEP]", "tokenizer_class": "PreTrainedTokenizerFast"})
     r = run_cli("train", *flags, "--out", str(tmp_path / "refused"), env={"L2L_CACHE": str(tmp_path / "cache")})
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "no mask token" in lines[0], r.stderr
