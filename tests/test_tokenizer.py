@@ -160,6 +160,17 @@ def test_older_config_forms_are_read(trained, tmp_path):
     assert tok.chat_template == "C" and tok.eos_id is None and "no eos token" in tok.description
 
 
+def test_tokenizer_training_and_data_read_the_same_files(tmp_path):
+    """One set of --data rules (l2l.data_files): hidden, binary and empty files skipped by both."""
+    from l2l.data import load_corpus
+    data = _corpus(tmp_path / "data")
+    (data / "sub").mkdir()
+    (data / "sub" / "more.txt").write_text("more text " * 20)
+    files = text_files(data)
+    assert [p[len(str(data)) + 1:] for p in files] == ["doc0.txt", "doc1.txt", "doc2.txt", "sub/more.txt"]
+    assert load_corpus(str(data)).num_files == len(files)
+
+
 # -- mistakes -------------------------------------------------------------------
 
 
