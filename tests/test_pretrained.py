@@ -490,10 +490,11 @@ def test_jsonl_text_records_and_mixed_or_fieldless_records(tmp_path, trained_tok
 
 def _word_tokenizer(directory: Path, corpus: Path, special: dict) -> None:
     """A word-level tokenizer of the corpus's words into ``directory``, with ``special`` tokens
-    (role -> text) named in its tokenizer_config.json, as BERT-style tokenizers have them."""
+    (role -> text) named in its tokenizer_config.json, as BERT-style tokenizers have them
+    (other keys of ``special`` go to the config only)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     words = sorted({w for f in corpus.iterdir() for w in f.read_text().split()})
-    vocab = {t: i for i, t in enumerate(["[UNK]", *special.values(), *words])}
+    vocab = {t: i for i, t in enumerate(["[UNK]", *(v for k, v in special.items() if k.endswith("_token")), *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(directory / "tokenizer.json"))
@@ -509,7 +510,11 @@ def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
     tok = load_tokenizer(None, str(directory))
     assert (tok.eos_id, tok.mask_id) == (1, 2)  # documents joined by [SEP]; [MASK] masks
     corpus = load_corpus(str(data), tokenizer=tok)
-    assert int((corpus.train == 1).sum() + (corpus.val == 1).sum()) == corpus.num_files - 2
+    # each document is transformers' tokenizer(doc): it ends with [SEP], so no [SEP] is put between them
+    hf = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    docs = [hf(f.read_text())["input_ids"] for f in sorted(data.iterdir())]
+    assert all(d[-1] == 1 for d in docs) and corpus.train.size + corpus.val.size == sum(map(len, docs))
+    assert int((corpus.train == 1).sum() + (corpus.val == 1).sum()) == corpus.num_files
     batch = BatchSampler(corpus.train, SEQ, 64, "mlm", mask_id=tok.mask_id, vocab_size=tok.vocab_size).batch(0)
     hidden = batch.targets != -100
     assert (batch.inputs[hidden] == 2).float().mean() > 0.6 and (batch.inputs[~hidden] != 2).all()
@@ -518,8 +523,9 @@ def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
              "--micro-batches", "2", "--steps", "2", "--eval-batches", "1", "--no-plot"]
     r = run_cli("train", *flags, "--out", str(tmp_path / "run"), env={"L2L_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr[-2000:]
-    # a tokenizer with no mask token cannot serve a masked-LM objective: one line
-    _word_tokenizer(directory, data, {"sep_token": "[SEP]"})
+    # a tokenizer with no mask token cannot serve a masked-LM objective: one line (the generic class:
+    # transformers' BERT tokenizer class would give it its default [MASK])
+    _word_tokenizer(directory, data, {"sep_token": "[SEP]", "tokenizer_class": "PreTrainedTokenizerFast"})
     r = run_cli("train", *flags, "--out", str(tmp_path / "refused"), env={"L2L_CACHE": str(tmp_path / "cache")})
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "no mask token" in lines[0], r.stderr

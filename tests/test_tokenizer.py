@@ -12,8 +12,8 @@ import pytest
 from conftest import run_cli
 from shared_runs import cli_once
 from l2l.errors import UserError
-from l2l.tokenizer import (EOS_TOKEN, ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, text_files,
-                           train_bpe)
+from l2l.data_files import text_files
+from l2l.tokenizer import EOS_TOKEN, ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, train_bpe
 
 VOCAB = 300
 SENTENCES = [
@@ -161,6 +161,17 @@ def test_older_config_forms_are_read(trained, tmp_path):
     assert tok.chat_template == "C" and tok.eos_id is None and "no eos token" in tok.description
 
 
+def test_tokenizer_training_and_data_read_the_same_files(tmp_path):
+    """One set of --data rules (l2l.data_files): hidden, binary and empty files skipped by both."""
+    from l2l.data import load_corpus
+    data = _corpus(tmp_path / "data")
+    (data / "sub").mkdir()
+    (data / "sub" / "more.txt").write_text("more text " * 20)
+    files = text_files(data)
+    assert [p[len(str(data)) + 1:] for p in files] == ["doc0.txt", "doc1.txt", "doc2.txt", "sub/more.txt"]
+    assert load_corpus(str(data)).num_files == len(files)
+
+
 # -- mistakes -------------------------------------------------------------------
 
 
@@ -172,7 +183,7 @@ def test_bad_tokenizer_directories_are_one_line_user_errors(tmp_path):
         load_tokenizer(str(tmp_path / "empty"))
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "tokenizer.json").write_text('{"version": "1.0", "model": ')
-    with pytest.raises(UserError, match="cannot load .*bad.tokenizer.json") as e:
+    with pytest.raises(UserError, match="cannot load the tokenizer in .*bad with transformers") as e:
         load_tokenizer(None, str(tmp_path / "bad"))
     assert "\n" not in str(e.value)
 
@@ -188,7 +199,7 @@ def test_train_bpe_refuses_a_small_vocab_and_an_occupied_directory(tmp_path):
         train_bpe([str(data)], 300, str(tmp_path / "full"))
     (tmp_path / "empty").mkdir()  # an empty directory is taken
     tok = train_bpe([str(data)], 300, str(tmp_path / "empty"))
-    assert tok.vocab_size <= 300 and tok.decode(tok.encode("some text")) == "some text"
+    assert tok.get_vocab_size() <= 300 and tok.decode(tok.encode("some text").ids) == "some text"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "empty", "full"]  # no temporary left
     assert text_files(str(data)) == [str(data)]
 

@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, one_line
 
 __all__ = [
     "Checkpoint",
@@ -472,7 +472,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{where} is corrupt: {META_FILE} is not valid JSON ({_one_line(e)})") from None
+        raise UserError(f"{where} is corrupt: {META_FILE} is not valid JSON ({one_line(e)})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise UserError(f"{where} is corrupt: {META_FILE} is not an {FORMAT_NAME} file")
     version = doc.get("version")
@@ -511,7 +511,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         tensors = _read_safetensors(tensor_path)
     except (OSError, ValueError) as e:
-        raise UserError(f"{where} is corrupt: {TENSORS_FILE} cannot be read ({_one_line(e)})") from None
+        raise UserError(f"{where} is corrupt: {TENSORS_FILE} cannot be read ({one_line(e)})") from None
     return Checkpoint(step=step, tensors=tensors, meta=user_meta, path=path)
 
 
@@ -615,8 +615,3 @@ def _hash(path: Path, fsync: bool = False) -> tuple[int, str]:
         if fsync:
             os.fsync(f.fileno())
     return size, h.hexdigest()
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

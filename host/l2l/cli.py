@@ -42,12 +42,14 @@ def _cmd_tokenizer(args) -> int:
     """``l2l tokenizer train``: a byte-level BPE on a text file or folder (the rules of --data)."""
     import os
 
-    from .tokenizer import text_files, train_bpe
+    from .data_files import text_files
+    from .tokenizer import EOS_TOKEN, train_bpe
     files = text_files(args.data)
     tok = train_bpe(files, args.vocab_size, args.out)
     size = sum(os.path.getsize(f) for f in files)
-    print(f"tokenizer: vocab {tok.vocab_size:,} (asked {args.vocab_size:,}), eos {tok.eos_token} "
-          f"(id {tok.eos_id}), {len(files)} file{'s' if len(files) != 1 else ''}, {size:,} bytes -> {args.out}")
+    print(f"tokenizer: vocab {tok.get_vocab_size():,} (asked {args.vocab_size:,}), eos {EOS_TOKEN} "
+          f"(id {tok.token_to_id(EOS_TOKEN)}), {len(files)} file{'s' if len(files) != 1 else ''}, {size:,} bytes "
+          f"-> {args.out}")
     return 0
 
 

@@ -17,7 +17,7 @@ Default corpus
 ``--data PATH``
     A text file, or a folder: every regular file below it in sorted order,
     skipping hidden files and dirs and any file with a NUL byte in its first
-    8 KiB (our rule for "binary"). Symlinked dirs are not followed.
+    8 KiB (our rule for "binary"; :mod:`l2l.data_files`). Symlinked dirs are not followed.
 
 Files are joined with one newline byte between them, and the joined stream
 is capped at ``max_bytes`` (the last file taken is cut to fit), taking files
@@ -58,6 +58,7 @@ import torch
 from safetensors.numpy import save_file
 
 from .checkpoint import mapped_safetensors
+from .data_files import BINARY_SNIFF_BYTES, folder_files, looks_binary
 from .errors import UserError
 from .models.config import BYTE_VOCAB, MASK_TOKEN
 from .models.stack import IGNORE_INDEX
@@ -67,7 +68,6 @@ DEFAULT_MAX_BYTES = 32 * 2**20  # 32 MiB; the stdlib corpus fits well inside
 VAL_EVERY = 20                  # 1 in 20 documents go to validation
 VAL_FRACTION = 0.05             # single-document inputs: last 5% of bytes
 SEPARATOR = b"\n"               # joins documents
-BINARY_SNIFF_BYTES = 8192       # a NUL in this prefix marks a file binary
 OBJECTIVES = ("causal", "mlm")
 TOKENIZE_CHUNK = 256            # documents handed to the tokenizer at once
 
@@ -121,7 +121,7 @@ def load_corpus(path: str | os.PathLike | None = None,
             raise UserError(f"data path not found: {p}")
         if os.path.isdir(p):
             root = p
-            docs = _read_docs(root, _folder_files(root), max_bytes,
+            docs = _read_docs(root, folder_files(root), max_bytes,
                               skip_binary=True)
             if not docs:
                 raise UserError(f"no non-empty text files in folder {p}")
@@ -204,18 +204,6 @@ def _stdlib_files(root: str) -> list[str]:
     return out
 
 
-def _folder_files(root: str) -> list[str]:
-    """Relative paths of every non-hidden regular file below ``root``, sorted."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            if not name.startswith(".") and os.path.isfile(full):
-                out.append(os.path.relpath(full, root))
-    return out
-
-
 def _read_docs(root: str, rel_paths: list[str], max_bytes: int,
                skip_binary: bool) -> list[tuple[str, bytes]]:
     """Read files in order until the joined stream reaches ``max_bytes``.
@@ -233,7 +221,7 @@ def _read_docs(root: str, rel_paths: list[str], max_bytes: int,
         try:
             with open(full, "rb") as f:
                 head = f.read(min(BINARY_SNIFF_BYTES, budget - sep))
-                if skip_binary and b"\0" in head:
+                if skip_binary and looks_binary(head):
                     continue
                 data = head + f.read(max(budget - sep - len(head), 0))
         except OSError as e:
@@ -287,19 +275,27 @@ def _split_docs(docs: list[tuple[str, bytes]], source: str) -> tuple[list[bytes]
 
 def _tokenized(docs: list[tuple[str, bytes]], source: str, tokenizer: Tokenizer
                ) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
-    """Each side's documents as token ids, joined by the tokenizer's end-of-text token;
-    from the cache when this data and tokenizer were seen before. ((train, val), cached)."""
+    """Each side's documents as token ids; from the cache when this data and tokenizer were
+    seen before. ((train, val), cached).
+
+    Each document is exactly what the tokenizer gives the whole text
+    (:meth:`~l2l.tokenizer.Tokenizer.encode_documents`: a Llama tokenizer's BOS at its
+    start, BERT's ``[CLS]`` ... ``[SEP]`` around it), and ``eos_id`` goes between two
+    documents unless the first already ends with it (BERT's ``[SEP]`` is its ``eos_id``,
+    so BERT documents follow each other as ``[CLS] a [SEP] [CLS] b [SEP]``)."""
     def tokenize() -> dict[str, np.ndarray]:
         sides = {}
-        sep = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+        eos = tokenizer.eos_id
         from tqdm import tqdm
         for name, side in zip(("train", "val"), _split_docs(docs, source)):
             ids: list[int] = []
             for i in tqdm(range(0, len(side), TOKENIZE_CHUNK), desc=f"tokenizing {name}", unit="chunk",
                           disable=len(side) <= TOKENIZE_CHUNK, leave=False):
                 texts = [d.decode("utf-8", errors="replace") for d in side[i:i + TOKENIZE_CHUNK]]
-                for encoded in tokenizer.encode_batch(texts):
-                    ids += (sep if ids else []) + encoded
+                for encoded in tokenizer.encode_documents(texts):
+                    if ids and eos is not None and ids[-1] != eos:
+                        ids.append(eos)
+                    ids += encoded
             sides[name] = np.asarray(ids, dtype=np.int32)
         return sides
     arrays, cached = cached_arrays(_docs_key(f"{tokenizer.fingerprint}/{tokenizer.eos_id}", docs), tokenize)

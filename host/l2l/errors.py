@@ -15,3 +15,9 @@ class EpsWorkerError(RuntimeError):
 
 class PeerLostError(RuntimeError):
     """Another machine of a distributed run died or stopped answering: one line, exit code 1."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (for a :class:`UserError` that quotes a library's error)."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

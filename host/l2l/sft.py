@@ -4,12 +4,29 @@ A ``.jsonl`` file whose records are ``{"prompt": ..., "completion": ...}`` or
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` is a set of *examples*, not a
 text stream. Each example is one sequence: its tokens, and a mask of the tokens
 the loss counts -- the completion (and the end-of-text token after it), or every
-assistant turn of a chat. Chats are rendered with the tokenizer's chat template
-(Jinja, as transformers renders it: a sandboxed environment, ``messages``,
-``add_generation_prompt``, the special tokens); which tokens are the assistant's
-is found by rendering the conversation up to each assistant turn, with and without
-that turn, so it works with any template.
+assistant turn of a chat. With a Hugging Face tokenizer the ids are transformers' own
+(:class:`l2l.tokenizer.HFTokenizer`), so the model trains on what it sees at inference:
 
+Chats
+    The ids are ``apply_chat_template(messages, tokenize=True)``: the template's
+    special tokens (e.g. ``{{ bos_token }}``) included, nothing added. Where the
+    template marks the assistant's text with ``{% generation %}``, the mask is
+    transformers' ``return_assistant_tokens_mask`` (transformers 4.43 or later).
+    Otherwise an assistant turn is the text that rendering the conversation up to and
+    including it adds to rendering it up to the turn with the generation prompt (so the
+    header ``<|im_start|>assistant\n`` is not learnt; the turn's content and its end
+    token are), and the tokens that overlap those characters in the rendered text
+    (its character offsets) are the ones learnt: transformers' rule for
+    ``{% generation %}`` spans, so the same template with the marks gives the same mask.
+Prompt/completion
+    ``prompt + completion`` is tokenized as one text, with the special tokens the
+    tokenizer adds to a text (BOS), so a SentencePiece tokenizer puts no word-start
+    piece at the seam that it would not put there in the whole text; the tokens that
+    overlap the completion's characters are learnt (a token that straddles the seam
+    too), then the end-of-text token, appended unless the tokenizer already ended the
+    text with it.
+
+Bytes (no chat template) take a completion as the prompt's bytes then the completion's.
 An example longer than ``--seq-len`` + 1 tokens keeps its first tokens; a shorter
 one is padded with targets the loss ignores. Batches are examples drawn at random,
 batch ``s`` a pure function of ``(seed, s)`` as for text. Tokenized examples are
@@ -17,21 +34,25 @@ cached on disk like tokenized text (:func:`l2l.data.token_cache_dir`).
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .data import Batch, StepSampler, cached_arrays, is_val_document, jsonl_records
-from .errors import UserError
+from .errors import UserError, one_line
 from .models.stack import IGNORE_INDEX
-from .tokenizer import Tokenizer
+from .tokenizer import HFTokenizer, Tokenizer
 
 _TRAIN_STREAM = 0x736674   # "sft": training draws, apart from the text sampler's
 _VAL_STREAM = 0x73667476   # "sftv"
+_GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")  # as transformers looks for it
 
 
 def is_sft_data(path: str | None) -> bool:
@@ -90,7 +111,7 @@ def load_examples(path: str, tokenizer: Tokenizer) -> Examples:
         key.update(hashlib.sha256(f.read()).digest())
 
     def tokenize() -> dict[str, np.ndarray]:
-        compiled = _template(tokenizer) if any(_kind(r) == "chat" for _, r in records) else None
+        marked = _marks_generation(tokenizer) if any(_kind(r) == "chat" for _, r in records) else False
         val = [is_val_document(where) for where, _ in records]
         if not any(val):
             val[-1] = True
@@ -98,7 +119,7 @@ def load_examples(path: str, tokenizer: Tokenizer) -> Examples:
             val[0] = False
         arrays = {}
         for side, want in (("train", False), ("val", True)):
-            packed = _pack([_encode(r, where, tokenizer, compiled) for (where, r), v in zip(records, val) if v == want])
+            packed = _pack([_encode(r, where, tokenizer, marked) for (where, r), v in zip(records, val) if v == want])
             arrays.update({f"{side}.{k}": getattr(packed, k) for k in ("ids", "mask", "offsets")})
         return arrays
     a, cached = cached_arrays(key.hexdigest(), tokenize)
@@ -121,15 +142,24 @@ def _records(path: str) -> list[tuple[str, dict]]:
     return out
 
 
-def _encode(record: dict, where: str, tokenizer: Tokenizer, template) -> tuple[list[int], list[int]]:
-    """(ids, mask) of one example."""
+def _encode(record: dict, where: str, tokenizer: Tokenizer, marked: bool) -> tuple[list[int], list[int]]:
+    """(ids, mask) of one example (see the module docstring)."""
     if _kind(record) == "completion":
         prompt, completion = record.get("prompt"), record.get("completion")
         if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
             raise UserError(f"{where}: 'prompt' and 'completion' must both be strings, the completion non-empty")
-        head = tokenizer.encode(prompt)
-        tail = tokenizer.encode(completion) + ([] if tokenizer.eos_id is None else [tokenizer.eos_id])
-        return head + tail, [0] * len(head) + [1] * len(tail)
+        if isinstance(tokenizer, HFTokenizer):
+            ids, mask = _completion(tokenizer.hf, prompt, completion)
+        else:  # bytes: one text is its two parts' bytes
+            head, tail = tokenizer.encode(prompt), tokenizer.encode(completion)
+            ids, mask = head + tail, [0] * len(head) + [1] * len(tail)
+        eos = tokenizer.eos_id
+        if eos is not None:
+            if ids and ids[-1] == eos:  # the tokenizer ended the text with it: the completion's end
+                mask[-1] = 1
+            else:
+                ids, mask = ids + [eos], mask + [1]
+        return ids, mask
     messages = record["messages"]
     if not (isinstance(messages, list) and messages and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
@@ -137,47 +167,86 @@ def _encode(record: dict, where: str, tokenizer: Tokenizer, template) -> tuple[l
         raise UserError(f"{where}: 'messages' must be a list of {{role, content}} strings")
     if not any(m["role"] == "assistant" for m in messages):
         raise UserError(f"{where}: a chat with no assistant turn has nothing to learn")
-    # the text up to each assistant turn and after it: the difference is the assistant's
-    ids, mask, done = [], [], ""
+    from jinja2.exceptions import TemplateError
+    try:
+        return _marked_chat(tokenizer.hf, messages) if marked else _chat(tokenizer.hf, messages, where)
+    except (TemplateError, ValueError) as e:  # a template's raise_exception, or transformers refusing
+        raise UserError(f"{where}: the chat template failed: {one_line(e)}") from None
+
+
+def _completion(hf, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+    """``prompt + completion`` tokenized as one text, with the special tokens ``hf(text)`` adds;
+    the tokens that overlap the completion's characters are the ones learnt."""
+    text = prompt + completion
+    encoded = hf(text, return_offsets_mapping=True)
+    ids = list(encoded["input_ids"])
+    return ids, _overlapping(encoded["offset_mapping"], [(len(prompt), len(text))])
+
+
+def _marked_chat(hf, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """A template with ``{% generation %}`` marks: transformers' own ids and assistant mask."""
+    out = hf.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
+
+
+def _chat(hf, messages: list[dict], where: str) -> tuple[list[int], list[int]]:
+    """``apply_chat_template(messages, tokenize=True)``, and the tokens that overlap an assistant
+    turn's characters in the rendered text: rendering the conversation up to each assistant turn
+    with the generation prompt, and up to and including it without, the second text extends the
+    first by that turn."""
+    ids = _ids(hf.apply_chat_template(messages, tokenize=True))
+    text = hf.apply_chat_template(messages, tokenize=False)
+    spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(template, messages[:i], True, tokenizer)
-        after = _render(template, messages[:i + 1], False, tokenizer)
-        if not before.startswith(done) or not after.startswith(before):
+        if i == 0:
+            raise UserError(f"{where}: a chat that opens with the assistant needs a chat template with "
+                            "{% generation %} marks (the text before the turn cannot be rendered)")
+        before = hf.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        after = hf.apply_chat_template(messages[:i + 1], tokenize=False)
+        if not after.startswith(before) or not text.startswith(after):
             raise UserError(f"{where}: the chat template does not render a conversation as a growing text")
-        for text, learn in ((before[len(done):], 0), (after[len(before):], 1)):
-            piece = tokenizer.encode(text)
-            ids += piece
-            mask += [learn] * len(piece)
-        done = after
-    return ids, mask
+        spans.append((len(before), len(after)))
+    encoded = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(encoded["input_ids"]) != ids:
+        raise UserError(f"{where}: the chat template's text, tokenized, is not what apply_chat_template gives "
+                        "(a template that renders differently each time?)")
+    return ids, _overlapping(encoded["offset_mapping"], spans)
 
 
-def _template(tokenizer: Tokenizer):
+def _ids(result) -> list[int]:
+    """``apply_chat_template(..., tokenize=True)``'s ids: a list (transformers 4) or a BatchEncoding (5)."""
+    return list(result["input_ids"] if isinstance(result, Mapping) else result)
+
+
+def _overlapping(offsets, spans: list[tuple[int, int]]) -> list[int]:
+    """1 for each token whose characters ``[start, end)`` overlap one of ``spans`` (sorted, disjoint),
+    else 0: transformers' rule for ``{% generation %}`` spans. The tokens a tokenizer adds have
+    empty offsets at 0 and overlap nothing."""
+    ends = [b for _, b in spans]
+    mask = []
+    for start, end in offsets:
+        k = bisect.bisect_right(ends, start)  # the first span that ends after the token starts
+        mask.append(int(k < len(spans) and spans[k][0] < end))
+    return mask
+
+
+def _marks_generation(tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer's chat template marks the assistant's text with ``{% generation %}``;
+    one line when it has no template, or marks that this transformers cannot read."""
     source = getattr(tokenizer, "chat_template", None)
     if not source:
         raise UserError(f"chat records need a tokenizer with a chat template; {tokenizer.description} has none")
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise TemplateError(message)
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(source)
-    except TemplateError as e:
-        raise UserError(f"the chat template of {tokenizer.description} does not parse: {e}") from None
-
-
-def _render(template, messages: list[dict], add_generation_prompt: bool, tokenizer: Tokenizer) -> str:
-    from jinja2.exceptions import TemplateError
-    try:
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               eos_token=getattr(tokenizer, "eos_token", None) or "", bos_token="")
-    except TemplateError as e:
-        raise UserError(f"the chat template failed: {e}") from None
+    if not _GENERATION_MARK.search(source):
+        return False
+    import inspect
+    if "return_assistant_tokens_mask" not in inspect.signature(tokenizer.hf.apply_chat_template).parameters:
+        import transformers
+        raise UserError(f"the chat template of {tokenizer.description} marks the assistant's text with "
+                        f"{{% generation %}}, which transformers {transformers.__version__} cannot read "
+                        "(4.43 or later can)")
+    return True
 
 
 def _pack(examples: list[tuple[list[int], list[int]]]) -> TokenizedExamples:

@@ -1,4 +1,4 @@
-"""Tokenizers: raw bytes, or a Hugging Face tokenizer directory read from local files.
+"""Tokenizers: raw bytes, or a Hugging Face tokenizer directory as transformers loads it.
 
 One small interface, :class:`Tokenizer`, that training and sampling can use
 without knowing which kind they hold:
@@ -7,7 +7,13 @@ without knowing which kind they hold:
     Number of ids; every id from ``encode`` is below it.
 ``encode(text) -> list[int]``
     The ids of ``text`` alone: no special tokens are added (no BOS, no EOS, no
-    ``[CLS]``); whoever joins documents puts ``eos_id`` between them.
+    ``[CLS]``).
+``encode_documents(texts) -> list[list[int]]``
+    Each text's ids as a whole document: with the special tokens the tokenizer adds
+    to a text (a Llama tokenizer's BOS at its start, BERT's ``[CLS]`` ... ``[SEP]``
+    around it), exactly ``tokenizer(text)["input_ids"]`` of transformers. Whoever
+    joins documents puts ``eos_id`` between them unless a document already ends with
+    it (:mod:`l2l.data`).
 ``decode(ids) -> str``
     The text of ``ids``; special tokens are kept, so ``decode(encode(s)) == s``.
 ``eos_id``
@@ -17,24 +23,22 @@ without knowing which kind they hold:
     :mod:`l2l.data`).
 ``mask_id``
     The id the masked-LM objective puts in place of a hidden token (BERT's
-    ``[MASK]``; for bytes 256, the one id after them), or ``None``.
+    ``[MASK]``; for bytes :data:`MASK_TOKEN`, the one id after them), or ``None``.
 ``name``, ``description``
     A short label and a one-line summary for logs.
+``fingerprint``
+    Changes whenever the tokenizer could give other ids (the key of cached token ids).
 
-:class:`ByteTokenizer` is what the project has used so far: ids 0..255 are the
-UTF-8 bytes of the text. :class:`HFTokenizer` loads a directory as Hugging Face
-writes it (``tokenizer.json``, ``tokenizer_config.json``, perhaps
-``special_tokens_map.json`` and ``chat_template.jinja``) with the
-``tokenizers`` library, from local files only. :func:`train_bpe` trains a
-byte-level BPE on text files and writes such a directory, one that
-``transformers.AutoTokenizer.from_pretrained(dir, local_files_only=True)``
-loads too.
-
-Text files for training are found by :func:`text_files`, with the rules of
-``--data`` in :mod:`l2l.data` (a file, or every regular file below a folder in
-sorted order, skipping hidden files and dirs and files with a NUL byte in their
-first 8 KiB). The rules are restated here rather than imported so that
-:mod:`l2l.data` can import this module without an import cycle.
+:class:`ByteTokenizer` is what the project has used from the start: ids 0..255 are the
+UTF-8 bytes of the text, and the built-in models are sized by :data:`BYTE_VOCAB`.
+:class:`HFTokenizer` loads a directory as Hugging Face writes it (``tokenizer.json``,
+``tokenizer_config.json``, perhaps ``special_tokens_map.json`` and
+``chat_template.jinja``) with ``transformers.AutoTokenizer`` from local files only, so
+the ids are the ones the model gets from transformers at inference, not a
+re-implementation's; transformers is the ``hf`` extra (``pip install 'l2l[hf]'``).
+:func:`train_bpe` trains a byte-level BPE with the ``tokenizers`` library on text files
+(found by :func:`l2l.data_files.text_files`, the rules of ``--data``) and writes such a
+directory.
 """
 from __future__ import annotations
 
@@ -45,14 +49,20 @@ import shutil
 import tempfile
 from typing import Iterator, Protocol, Sequence, runtime_checkable
 
-from .errors import UserError
+from .errors import UserError, one_line
 
-BYTE_VOCAB = 256                 # ids of ByteTokenizer (as l2l.models.config.BYTE_VOCAB)
-BYTE_MASK = BYTE_VOCAB           # its masked-LM mask id (as l2l.models.config.MASK_TOKEN)
+BYTE_VOCAB = 256                 # ids of ByteTokenizer: the byte models' vocabulary
+MASK_TOKEN = BYTE_VOCAB          # their masked-LM mask id, one after the bytes
 EOS_TOKEN = "<|endoftext|>"      # the end-of-text token train_bpe adds
 MIN_BPE_VOCAB = BYTE_VOCAB + 1   # the 256 byte symbols and EOS_TOKEN
-BINARY_SNIFF_BYTES = 8192        # as l2l.data: a NUL in this prefix marks a file binary
 _CHUNK_CHARS = 1 << 20           # train_bpe feeds the trainer about this much text at a time
+_NO_LENGTH_LIMIT = 1 << 62       # a document may be any length: it is cut into windows later
+# What HFTokenizer.fingerprint hashes besides the versions: the files transformers builds a
+# tokenizer from, and this tag, to be changed with the rules by which l2l asks for ids.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
+                    "vocab.txt")
+_ID_RULES = "l2l-hf-ids/1: documents tokenizer(text); chats apply_chat_template; completions one text"
 
 
 @runtime_checkable
@@ -64,11 +74,11 @@ class Tokenizer(Protocol):
     mask_id: int | None
     name: str
     description: str
-    fingerprint: str  # changes when the tokenizer would encode differently
+    fingerprint: str
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+    def encode_documents(self, texts: Sequence[str]) -> list[list[int]]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -78,7 +88,7 @@ class ByteTokenizer:
 
     vocab_size = BYTE_VOCAB
     eos_id: int | None = None
-    mask_id: int | None = BYTE_MASK
+    mask_id: int | None = MASK_TOKEN
     chat_template: str | None = None
     name = "bytes"
     fingerprint = "bytes"
@@ -87,7 +97,8 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_documents(self, texts: Sequence[str]) -> list[list[int]]:
+        """No special tokens: a document is its bytes."""
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -96,12 +107,16 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer directory, read with the ``tokenizers`` library from local files.
+    """A Hugging Face tokenizer directory, as transformers loads it.
 
-    ``backend`` is the :class:`tokenizers.Tokenizer`; ``eos_token`` comes from
-    ``tokenizer_config.json`` or else ``special_tokens_map.json`` (None when
-    neither names one); ``chat_template`` from ``chat_template.jinja`` or else
-    ``tokenizer_config.json`` (None when there is none).
+    ``hf`` is ``transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)``
+    and every id comes from it: :meth:`encode_documents` is its ``__call__`` (the special
+    tokens it adds, e.g. Llama's BOS, included) and :mod:`l2l.sft` takes chats from its
+    ``apply_chat_template``. ``backend`` is the :class:`tokenizers.Tokenizer` it wraps.
+    ``eos_token`` is its eos token, else its separator (BERT's ``[SEP]``), else None;
+    ``chat_template`` its chat template (the one named ``default`` where it has several),
+    else None. The directory must hold a ``tokenizer.json`` (a fast tokenizer: chats need
+    its character offsets).
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -109,25 +124,22 @@ class HFTokenizer:
         if not os.path.isdir(self.path):
             what = "is not a directory" if os.path.exists(self.path) else "not found"
             raise UserError(f"tokenizer directory {what}: {self.path}")
-        file = os.path.join(self.path, "tokenizer.json")
-        if not os.path.isfile(file):
+        if not os.path.isfile(os.path.join(self.path, "tokenizer.json")):
             raise UserError(f"no tokenizer.json in tokenizer directory {self.path}")
-        tokenizers = _tokenizers()
-        with open(file, "rb") as f:  # what identifies it, e.g. for a cache of tokenized data
-            self.fingerprint = hashlib.sha256(f.read()).hexdigest()
-        try:
-            self.backend = tokenizers.Tokenizer.from_file(file)
-        except Exception as e:  # the library raises a bare Exception for any parse error
-            raise UserError(f"cannot load {file}: {_one_line(e)}") from None
-        config = _read_json(os.path.join(self.path, "tokenizer_config.json"))
-        special = _read_json(os.path.join(self.path, "special_tokens_map.json"))
-        def special_token(key: str) -> str | None:
-            return _token_text(config.get(key)) or _token_text(special.get(key))
-        self.eos_token = special_token("eos_token") or special_token("sep_token")
+        transformers = _transformers()
+        self.hf = _auto_tokenizer(transformers, self.path)
+        if not self.hf.is_fast:
+            raise UserError(f"transformers loads {self.path} as a slow tokenizer ({type(self.hf).__name__}); "
+                            "l2l needs a fast one (tokenizer.json)")
+        self.hf.model_max_length = _NO_LENGTH_LIMIT  # documents are longer than a context; no warning about it
+        self.backend = self.hf.backend_tokenizer
+        self.fingerprint = _fingerprint(self.path, self.hf, transformers)
+        special = self.hf.special_tokens_map  # the ones set (transformers 4 logs an error for a missing one)
+        self.eos_token = special.get("eos_token") or special.get("sep_token")
         self.eos_id = self._id_of(self.eos_token, "eos")
-        self.mask_id = self._id_of(special_token("mask_token"), "mask")
-        self.chat_template = _chat_template(self.path, config)
-        self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+        self.mask_id = self._id_of(special.get("mask_token"), "mask")
+        self.chat_template = _chat_template(self.hf)
+        self.vocab_size = len(self.hf)
         self.name = os.path.basename(os.path.normpath(os.path.abspath(self.path)))
         kind = type(self.backend.model).__name__
         eos = f"eos {self.eos_token!r} (id {self.eos_id})" if self.eos_token else "no eos token"
@@ -142,11 +154,11 @@ class HFTokenizer:
         return found
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.hf(text, add_special_tokens=False)["input_ids"]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Several texts at once (the library spreads them over the cores)."""
-        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+    def encode_documents(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids as ``hf(text)["input_ids"]`` gives them (the library spreads them over the cores)."""
+        return self.hf(list(texts))["input_ids"]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -175,41 +187,7 @@ def load_tokenizer(spec: str | None, model_dir: str | None = None) -> ByteTokeni
 # Training
 
 
-def text_files(path: str | os.PathLike) -> list[str]:
-    """The files ``--data PATH`` reads (see the module docstring), as paths, in order.
-
-    A single file is taken as it is; below a folder, empty and binary files are
-    skipped. Raises :class:`UserError` when there is nothing to read.
-    """
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise UserError(f"data path not found: {p}")
-    if os.path.isfile(p):
-        if os.path.getsize(p) == 0:
-            raise UserError(f"data file is empty: {p}")
-        return [p]
-    if not os.path.isdir(p):
-        raise UserError(f"data path is neither a file nor a folder: {p}")
-    out = []
-    for dirpath, dirnames, filenames in os.walk(p):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            if name.startswith(".") or not os.path.isfile(full):
-                continue
-            try:
-                with open(full, "rb") as f:
-                    head = f.read(BINARY_SNIFF_BYTES)
-            except OSError as e:
-                raise UserError(f"cannot read {full}: {e.strerror or e}") from None
-            if head and b"\0" not in head:
-                out.append(full)
-    if not out:
-        raise UserError(f"no non-empty text files in folder {p}")
-    return out
-
-
-def train_bpe(files: Sequence[str], vocab_size: int, out_dir: str | os.PathLike) -> HFTokenizer:
+def train_bpe(files: Sequence[str], vocab_size: int, out_dir: str | os.PathLike):
     """Train a byte-level BPE with ``<|endoftext|>`` as end-of-text token on ``files``; write it to ``out_dir``.
 
     The directory holds ``tokenizer.json``, ``tokenizer_config.json`` (eos
@@ -218,7 +196,9 @@ def train_bpe(files: Sequence[str], vocab_size: int, out_dir: str | os.PathLike)
     ``out_dir`` and renamed into place, so ``out_dir`` is either complete or
     absent. An existing non-empty ``out_dir`` is refused. Files are read as
     UTF-8 (invalid bytes become U+FFFD). The trainer may stop below
-    ``vocab_size`` when the text has fewer distinct merges to make.
+    ``vocab_size`` when the text has fewer distinct merges to make. Returns the trained
+    :class:`tokenizers.Tokenizer` (training needs no transformers; :func:`load_tokenizer`
+    reads the directory back).
     """
     out = os.fspath(out_dir)
     if vocab_size < MIN_BPE_VOCAB:
@@ -257,7 +237,7 @@ def train_bpe(files: Sequence[str], vocab_size: int, out_dir: str | os.PathLike)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return HFTokenizer(out)
+    return tok
 
 
 def _text_chunks(files: Sequence[str]) -> Iterator[str]:
@@ -299,6 +279,46 @@ def _tokenizers():
     return tokenizers
 
 
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("a Hugging Face tokenizer directory is read with transformers: pip install 'l2l[hf]'") from None
+    return transformers
+
+
+def _auto_tokenizer(transformers, path: str):
+    """``AutoTokenizer.from_pretrained(path, local_files_only=True)``. A directory that names no
+    tokenizer class (no ``tokenizer_class``, no ``config.json``), which transformers 4 refuses
+    and 5 loads as its generic fast tokenizer, is loaded as that generic fast tokenizer."""
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 -- whatever transformers cannot load is the directory's: one line
+        error = e
+    names_class = "tokenizer_class" in _read_json(os.path.join(path, "tokenizer_config.json")) or \
+        os.path.exists(os.path.join(path, "config.json"))
+    if not names_class:
+        try:
+            return transformers.PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        except Exception as e:  # noqa: BLE001
+            error = e
+    raise UserError(f"cannot load the tokenizer in {path} with transformers: {one_line(error)}") from None
+
+
+def _fingerprint(path: str, hf, transformers) -> str:
+    """What the ids depend on: the tokenizer files, the class transformers chose, the versions
+    of transformers and tokenizers, and the rules by which l2l asks for ids (:data:`_ID_RULES`)."""
+    import tokenizers
+    key = hashlib.sha256(f"{_ID_RULES}/{type(hf).__name__}/{transformers.__version__}/"
+                         f"{tokenizers.__version__}".encode())
+    for name in _TOKENIZER_FILES:
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file, "rb") as f:
+                key.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return key.hexdigest()
+
+
 def _read_json(path: str) -> dict:
     """A JSON object file's contents; ``{}`` when the file is absent."""
     if not os.path.exists(path):
@@ -307,7 +327,7 @@ def _read_json(path: str) -> dict:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {path}: {_one_line(e)}") from None
+        raise UserError(f"cannot read {path}: {one_line(e)}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} does not hold a JSON object")
     return data
@@ -319,33 +339,12 @@ def _write_json(path: str, data: dict) -> None:
         f.write("\n")
 
 
-def _token_text(value) -> str | None:
-    """A special token as the config files write it: a string, or ``{"content": ...}``."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else None
-
-
-def _chat_template(path: str, config: dict) -> str | None:
-    """``chat_template.jinja`` (transformers 5 writes it), else the config's ``chat_template``:
-    a string, or a list of ``{"name", "template"}`` of which the one named ``default``."""
-    jinja = os.path.join(path, "chat_template.jinja")
-    if os.path.isfile(jinja):
-        try:
-            with open(jinja, encoding="utf-8") as f:
-                return f.read()
-        except OSError as e:
-            raise UserError(f"cannot read {jinja}: {e.strerror or e}") from None
-    value = config.get("chat_template")
-    if isinstance(value, list):
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        value = named.get("default")
-    return value if isinstance(value, str) else None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+def _chat_template(hf) -> str | None:
+    """The tokenizer's chat template: the one named ``default`` when it has several, None when none."""
+    template = hf.chat_template
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template else None
 
 
 def _umask() -> int:

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-BYTE_VOCAB = 256  # byte-level tokens
-MASK_TOKEN = 256  # extra token for masked-LM objectives
+from ..tokenizer import BYTE_VOCAB, MASK_TOKEN  # noqa: F401 -- the byte ids the built-in models are sized by
 
 
 @dataclass(frozen=True)
