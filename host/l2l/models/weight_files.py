@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import _one_line, safetensors_header
+from ..checkpoint import safetensors_header
+from ..errors import one_line
 from ..errors import UserError
 
 INDEX = "model.safetensors.index.json"
@@ -93,7 +94,7 @@ def _stored_tensors(root: Path) -> dict[str, StoredTensor]:
                     isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
                 raise ValueError("weight_map is not a map of tensor names to files")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"{root / INDEX}: not a readable safetensors index ({_one_line(exc)})") from None
+            raise UserError(f"{root / INDEX}: not a readable safetensors index ({one_line(exc)})") from None
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (root / s).is_file()]
         if missing:
@@ -119,6 +120,6 @@ def _header(path: Path) -> dict[str, StoredTensor]:
     try:
         header = safetensors_header(path)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable safetensors file ({_one_line(exc)})") from None
+        raise UserError(f"{path}: not a readable safetensors file ({one_line(exc)})") from None
     return {name: StoredTensor(path, code, shape) for name, (_, shape, code) in header.items()}
 
