@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import safetensors_header
-from ..errors import one_line
-from ..errors import UserError
+from ..errors import UserError, one_line
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
