@@ -32,7 +32,7 @@ def test_a_requirement_without_a_floor_or_with_two_floors_is_refused(tmp_path):
         floors.pin("torch<3")
     twice = tmp_path / "pyproject.toml"
     twice.write_text('[project]\ndependencies = ["numpy>=1.24"]\n'
-                     '[project.optional-dependencies]\nhf = ["numpy>=1.26"]\ntest = []\n')
+                     '[project.optional-dependencies]\nhf = ["numpy>=1.26"]\nopencl = []\ntest = []\n')
     with pytest.raises(ValueError, match="two floors"):
         floors.floors(twice)
 
