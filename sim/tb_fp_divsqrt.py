@@ -356,7 +356,9 @@ class TB:
         self.backpressure = None   # iterator: True = stall (ce = 0) on that cycle
         self.idle = None           # iterator: True = bubble (in_valid = 0) on that cycle
         self.cycles = 0            # clock edges used by the last stream()
-        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+        # cocotb's C clock: its Python clock is about a quarter of a sweep's CPU. It starts low, so
+        # the first edge comes after the writes below, as it did with the Python clock
+        cocotb.start_soon(Clock(dut.clk, 4, unit="ns", impl="gpi").start(start_high=False))
         dut.rst.value = 0
         dut.ce.value = 1
         dut.in_valid.value = 0

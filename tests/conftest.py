@@ -23,6 +23,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked ``heavy`` (tens of seconds each) run first. pytest-xdist hands tests out in
+    collection order, so a heavy test collected last would leave the other worker idle while
+    it runs; started first, the many short tests fill in around them."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _own_data_cache(tmp_path_factory):
     """The tests' cached data (l2l.data.token_cache_dir) in a directory of their own, for them

@@ -119,6 +119,7 @@ def test_build_flags_keep_the_contract_rules():
         assert banned not in src, banned
 
 
+@pytest.mark.heavy
 def test_build_cache_reuse_and_concurrent_builders(tmp_path, monkeypatch):
     """Two concurrent builders into a fresh cache both succeed with one library and no temporary
     left behind; a second build reuses it; XDG_CACHE_HOME chooses the default place."""
@@ -138,6 +139,7 @@ def test_build_cache_reuse_and_concurrent_builders(tmp_path, monkeypatch):
     assert hcb.default_cache_dir() == hcb.Path(os.path.expanduser("~")) / ".cache" / "l2l" / "hls-csim"
 
 
+@pytest.mark.heavy
 def test_a_backend_from_its_own_cache_agrees(tmp_path):
     """cache_dir= gives a backend whose library was built there; same bits as the shared one."""
     be = HlsCsimBackend(cache_dir=tmp_path)

@@ -162,6 +162,7 @@ ADAMW_DEFAULT = [
 
 @pytest.mark.parametrize("lanes,gdtype,block,ns,segs", REDUCE_DEFAULT,
                          ids=[f"L{a}-{b}-B{c}" for a, b, c, *_ in REDUCE_DEFAULT])
+@pytest.mark.heavy
 def test_reduce(lanes, gdtype, block, ns, segs):
     config = {"ns": ns, "segs": segs, "seed": lanes * 10 + DT[gdtype], "throughput_beats": 192,
               "short_segs": list(range(1, block + 1))[:8]}
@@ -172,6 +173,7 @@ def test_reduce(lanes, gdtype, block, ns, segs):
     run_reduce(lanes, gdtype, block, config, tests)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("lanes,cdtype,ns", ADAMW_DEFAULT, ids=[f"L{a}-{b}" for a, b, _ in ADAMW_DEFAULT])
 def test_adamw(lanes, cdtype, ns):
     import eps_vectors as ev

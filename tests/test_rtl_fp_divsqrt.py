@@ -51,6 +51,7 @@ def _run(unit: str, testcase, **env: int) -> None:
                    env={k: str(v) for k, v in env.items()}, testcase=testcase)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("unit", sorted(UNITS))
 def test_fp_divsqrt(unit):
     """Edges, vector classes, 100k random, full rate and reset, in one simulation."""

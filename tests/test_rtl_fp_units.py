@@ -40,6 +40,7 @@ def _run(top: str, testcase=None, **env: int) -> None:
                    env={k: str(v) for k, v in env.items()}, testcase=testcase)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("top", UNITS)
 def test_fp_unit(top):
     """Edges, 10k ties, classes and 100k random operands with stalls; full rate; reset."""

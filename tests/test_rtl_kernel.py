@@ -74,6 +74,7 @@ def cases(*specs: dict) -> str:
 # ---------------------------------------------------------------- control registers, DMA
 
 
+@pytest.mark.heavy
 def test_control_registers():
     rtl_runner.run("l2l_axil_ctrl", rtl_runner.rtl("l2l_axil_ctrl.v"), "tb_axil_ctrl",
                    env={"L2L_CTRL_SEED": "1"})
@@ -90,6 +91,7 @@ DMA_CONFIGS = [
 
 @pytest.mark.parametrize("lanes, ew, burst, depth, rate", DMA_CONFIGS,
                          ids=[f"L{c[0]}-e{c[1]}-b{c[2]}-f{c[3]}" for c in DMA_CONFIGS])
+@pytest.mark.heavy
 def test_dma(lanes, ew, burst, depth, rate):
     rtl_runner.run("l2l_dma_loop", [ROOT / "sim" / "l2l_dma_loop.v",
                                     *rtl_runner.rtl("l2l_axi_rd.v", "l2l_axi_wr.v", "l2l_fifo.v")],
@@ -101,6 +103,7 @@ def test_dma(lanes, ew, burst, depth, rate):
 # ---------------------------------------------------------------- the kernel
 
 
+@pytest.mark.heavy
 def test_kernel_bitexact_lanes4():
     """LANES = 4, bf16 gradients, fp16 copy, 8-beat bursts and blocks: n = 1, 3 (LANES - 1),
     31 / 32 / 33 (BURST*LANES - 1, =, + 1), 2001, K = 1, 2, 4, gradients mid-beat, 3 steps on
@@ -116,6 +119,7 @@ def test_kernel_bitexact_lanes4():
                    {"kind": "train", "n": 2001, "K": 2, "gr_off": 2}))
 
 
+@pytest.mark.heavy
 def test_kernel_bitexact_lanes1():
     """LANES = 1, fp32 gradients, bf16 copy, 4-beat bursts, 8-beat blocks: segments that end
     mid-burst, K = 4 with short segments (the reducer's hazard stall), an inf - inf gradient."""
@@ -128,6 +132,7 @@ def test_kernel_bitexact_lanes1():
                    {"kind": "nonfinite-inf-inf", "n": 3, "K": 2}))
 
 
+@pytest.mark.heavy
 def test_kernel_fp16_and_edge_args():
     """LANES = 2, fp16 gradients, fp32 copy: n = 0 / k = 0 / k = 256 write the flag only, the
     ap_ctrl_hs bits at the top level; then layers of n = 2, 7, 8, 9 (K = 1, 2, 4) and an
@@ -159,6 +164,7 @@ def _rate(tmp_path, *, lanes: int, n: int, ks: str, gdtype: str = "fp32", cdtype
     return out
 
 
+@pytest.mark.heavy
 def test_kernel_throughput(tmp_path):
     """LANES = 4, memory that never pauses: both passes at >= 0.95 element/clock/lane at K = 1
     and >= 0.95/2 at K = 2 (the gradient port's bound) in steady state. 1024 gradient beats a

@@ -131,6 +131,7 @@ def test_module(name):
 
 @pytest.mark.parametrize("params", KERNEL_CORNERS,
                          ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()) or "defaults")
+@pytest.mark.heavy
 def test_kernel(params):
     """The kernel with everything under it, at each parameter corner."""
     _check(KERNEL, RTL / f"{KERNEL}.v", params)

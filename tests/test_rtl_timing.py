@@ -39,6 +39,7 @@ def test_missing_tool_is_one_clear_line():
     assert "\n" not in msg and "yowasp-no-such-tool not found" in msg and "pip install" in msg
 
 
+@pytest.mark.heavy
 def test_timing_of_the_smallest_units(tmp_path):
     out_json, out_md = tmp_path / "t.json", tmp_path / "t.md"
     r = subprocess.run([sys.executable, str(SCRIPT), "ref_add", "cvt_bf16_to_fp32",

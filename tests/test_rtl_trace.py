@@ -93,6 +93,7 @@ def _replay(tmp_path, *, precision: str, contributors: int, steps: int, d_model:
 BLOCK_SKIP = eps_trace.Poison(step=1, layer=1, contributor=1, index=37)
 
 
+@pytest.mark.heavy
 @needs_sim
 def test_trace_replay_bf16_two_workers_with_skip(tmp_path):
     """bf16 gradients and copy, K = 2, 3 steps of a d_model = 2 GPT (embedding 520, block 74,
