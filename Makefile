@@ -84,7 +84,8 @@ test-verilator: setup-test
 # first run downloads about 3 GB (torch's PyPI wheel carries its CUDA libraries; it runs on a CPU).
 OLDEST ?= .venv-oldest
 OLDEST_TESTS ?= tests/test_pretrained.py tests/test_hf_adapters.py tests/test_tokenizer.py tests/test_checkpoint.py \
-                tests/test_data.py tests/test_versions.py
+                tests/test_data.py tests/test_versions.py tests/test_transformers_tokens.py tests/test_run_model.py \
+                tests/test_weight_files.py tests/test_sliding_window.py
 
 $(OLDEST)/.setup: pyproject.toml tests/floors.py
 	@test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
