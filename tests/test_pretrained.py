@@ -493,11 +493,17 @@ def _word_tokenizer(directory: Path, corpus: Path, special: dict) -> None:
     """A word-level tokenizer of the corpus's words into ``directory``, with ``special`` tokens
     (role -> text) named in its tokenizer_config.json, as BERT-style tokenizers have them
     (other keys of ``special`` go to the config only)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     words = sorted({w for f in corpus.iterdir() for w in f.read_text().split()})
     vocab = {t: i for i, t in enumerate(["[UNK]", *(v for k, v in special.items() if k.endswith("_token")), *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False)  # as BERT's tokenizer.json (transformers 4's
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()               # BertTokenizerFast needs one)
+    if "cls_token" in special:  # [CLS] text [SEP], as BERT's post-processor
+        cls, sep = special["cls_token"], special["sep_token"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B {sep}",
+            special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"unk_token": "[UNK]", **special}))
 
@@ -507,7 +513,7 @@ def test_bert_masks_with_its_tokenizers_mask_token(tmp_path, monkeypatch):
     from l2l.tokenizer import load_tokenizer
     monkeypatch.setenv("L2L_CACHE", str(tmp_path / "cache"))
     directory, data = _write(tmp_path, "bert"), _corpus(tmp_path)
-    _word_tokenizer(directory, data, {"sep_token": "[SEP]", "mask_token": "[MASK]"})
+    _word_tokenizer(directory, data, {"sep_token": "[SEP]", "mask_token": "[MASK]", "cls_token": "[CLS]"})
     tok = load_tokenizer(None, str(directory))
     assert (tok.eos_id, tok.mask_id) == (1, 2)  # documents joined by [SEP]; [MASK] masks
     corpus = load_corpus(str(data), tokenizer=tok)
