@@ -99,6 +99,17 @@ def _cfg(directory: Path, **kw) -> TrainConfig:
     return TrainConfig(model=str(directory), progress=False, **shape).check()
 
 
+
+def engine_loss_sums(directory, batch):
+    """(engine, summed loss of ``batch``) for the relay and the plain engine on ``directory``."""
+    for engine_name in ("l2l", "plain"):
+        cfg = _cfg(directory, engine=engine_name)
+        engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
+        try:
+            yield engine_name, engine.evaluate([batch]) * batch.num_targets
+        finally:
+            engine.close()
+
 @pytest.mark.parametrize("name", ALL)
 def test_a_checkpoint_loads_and_its_loss_equals_hugging_faces(name, tmp_path):
     sharded = name == "llama-gqa"
@@ -108,13 +119,7 @@ def test_a_checkpoint_loads_and_its_loss_equals_hugging_faces(name, tmp_path):
     batch = _batch(name=name)
     with torch.no_grad():
         want = float(_hf_loss_sum(hf, batch))
-    for engine_name in ("l2l", "plain"):
-        cfg = _cfg(directory, engine=engine_name)
-        engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
-        try:
-            got = engine.evaluate([batch]) * batch.num_targets
-        finally:
-            engine.close()
+    for engine_name, got in engine_loss_sums(directory, batch):
         assert got == pytest.approx(want, rel=1e-5), engine_name
 
 

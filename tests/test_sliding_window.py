@@ -12,7 +12,7 @@ from l2l.build import build_engine
 from l2l.models import build_stack
 
 from conftest import CPU
-from test_pretrained import SEQ, SHAPE, _batch, _cfg, _hf_loss_sum, write_checkpoint
+from test_pretrained import SEQ, SHAPE, _batch, _cfg, _hf_loss_sum, engine_loss_sums, write_checkpoint
 
 WINDOW = 4  # SEQ (16) is four windows
 NAMES = ["mistral", "qwen2", "qwen3"]
@@ -50,13 +50,7 @@ def test_loss_equals_transformers_beyond_the_window(name, windowed):
     # what l2l computed before) gives another loss
     full = _hf_loss(directory, batch, sliding_window=SEQ)
     assert abs(full - want) > 1e-4 * abs(want), (full, want)  # 10x the tolerance below
-    for engine_name in ("l2l", "plain"):
-        cfg = _cfg(directory, engine=engine_name)
-        engine = build_engine(cfg, build_stack(cfg.model_config(), cfg.seed), CPU)
-        try:
-            got = engine.evaluate([batch]) * batch.num_targets
-        finally:
-            engine.close()
+    for engine_name, got in engine_loss_sums(directory, batch):
         assert got == pytest.approx(want, rel=1e-5), engine_name
 
 
