@@ -11,7 +11,7 @@ Chats
     The ids are ``apply_chat_template(messages, tokenize=True)``: the template's
     special tokens (e.g. ``{{ bos_token }}``) included, nothing added. Where the
     template marks the assistant's text with ``{% generation %}``, the mask is
-    transformers' ``return_assistant_tokens_mask`` (transformers 4.43 or later).
+    transformers' ``return_assistant_tokens_mask``.
     Otherwise an assistant turn is the text that rendering the conversation up to and
     including it adds to rendering it up to the turn with the generation prompt (so the
     header ``<|im_start|>assistant\n`` is not learnt; the turn's content and its end
@@ -234,19 +234,11 @@ def _overlapping(offsets, spans: list[tuple[int, int]]) -> list[int]:
 
 def _marks_generation(tokenizer: Tokenizer) -> bool:
     """Whether the tokenizer's chat template marks the assistant's text with ``{% generation %}``;
-    one line when it has no template, or marks that this transformers cannot read."""
+    one line when it has no template (every transformers in the declared range reads the marks)."""
     source = getattr(tokenizer, "chat_template", None)
     if not source:
         raise UserError(f"chat records need a tokenizer with a chat template; {tokenizer.description} has none")
-    if not _GENERATION_MARK.search(source):
-        return False
-    import inspect
-    if "return_assistant_tokens_mask" not in inspect.signature(tokenizer.hf.apply_chat_template).parameters:
-        import transformers
-        raise UserError(f"the chat template of {tokenizer.description} marks the assistant's text with "
-                        f"{{% generation %}}, which transformers {transformers.__version__} cannot read "
-                        "(4.43 or later can)")
-    return True
+    return bool(_GENERATION_MARK.search(source))
 
 
 def _pack(examples: list[tuple[list[int], list[int]]]) -> TokenizedExamples:
