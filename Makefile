@@ -11,6 +11,10 @@ BIN    := $(VENV)/bin
 TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4,<2.14' || echo 'torch==2.13.0')
 RUN    ?= runs/train-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+# Byte-code caches are written as Python imports: with PYTHONDONTWRITEBYTECODE set (some shells and
+# CI images set it) and pip's --no-compile below, every interpreter the tests start would compile
+# torch's and transformers' sources again (7 s instead of 3 s each, hundreds of starts).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup setup-test opencl-platform rtl-tools train test test-verilator test-oldest bench clean
 

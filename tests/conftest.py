@@ -15,6 +15,8 @@ from l2l.models import ModelConfig, build_stack, family
 from l2l.baseline import PlainEngine
 from l2l.relay.engine import RelayEngine
 
+from cli_zygote import Zygote
+
 CPU = torch.device("cpu")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -62,14 +64,34 @@ def plain(cfg: ModelConfig, hyper: AdamWHyper, *, seed: int = 0, checkpointing: 
     return PlainEngine(build_stack(cfg, seed), hyper, CPU, checkpointing=checkpointing)
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
-            fault: tuple[str, int] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m l2l ARGS`` in a subprocess, as a user would run it; with ``fault``, through
-    ``tests/faulty_l2l.py FAULT N`` (a fault injected from outside the package)."""
+_ZYGOTE = Zygote()
+FRESH_PROCESSES = os.environ.get("L2L_TEST_FRESH") == "1"
+
+
+def run_python(*argv: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None,
+               fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python ARGV`` (``-m MODULE ...`` or ``SCRIPT ...``) in a process of its own, its output
+    captured as text. The process is forked from a pre-imported interpreter
+    (tests/cli_zygote.py); ``fresh`` (or ``L2L_TEST_FRESH=1``) starts a new interpreter
+    instead, for runs that measure their own resident memory or imports."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    if fresh or FRESH_PROCESSES:
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                              env=full_env, timeout=timeout, cwd=cwd)
+    return _ZYGOTE.run(list(argv), env=full_env, cwd=cwd, timeout=timeout)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
+            fault: tuple[str, int] | None = None, cwd: Path | None = None,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m l2l ARGS``, as a user would run it (see :func:`run_python`); with ``fault``,
+    through ``tests/faulty_l2l.py FAULT N`` (a fault injected from outside the package)."""
     head = ["-m", "l2l"] if fault is None else [str(ROOT / "tests" / "faulty_l2l.py"), fault[0], str(fault[1])]
-    return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=cwd)
+    return run_python(*head, *args, env=env, timeout=timeout, cwd=cwd, fresh=fresh)
+
+
+def pytest_sessionfinish(session):
+    _ZYGOTE.close()
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_python
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_python(*args, cwd=ROOT)
 
 
 def test_gpu_check_smoke(tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from l2l.checkpoint import load_latest
 from l2l.eps.disk_tier import BLOCK, entry_file
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from test_cli_modes import _one_line_error  # noqa: F401  (also used by test_eps_offload_copies)
 from test_train_cli import TINY, _final
 from shared_runs import cli_once
@@ -76,9 +74,7 @@ def test_offload_with_two_workers_and_held_steps(runs, tmp_path):
 
 
 def _faulty(fault, n, out, *extra):
-    return subprocess.run([sys.executable, str(ROOT / "tests" / "faulty_l2l.py"), fault, str(n), "train", *TINY,
-                           "--out", str(out), "--no-progress", *RUN, *extra],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
+    return run_cli("train", *TINY, "--out", str(out), "--no-progress", *RUN, *extra, fault=(fault, n))
 
 
 @pytest.mark.parametrize("fault, n", [

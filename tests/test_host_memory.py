@@ -93,7 +93,7 @@ def test_a_whole_run_keeps_to_its_byte_budget_and_the_planner_predicts_its_peak(
     ``l2l train`` prints is within 10% of it."""
     out = tmp_path / "run"
     r = run_cli("train", *SHAPE, "--precision", precision, "--stash", stash, "--plan", "quick", "--out", str(out),
-                timeout=600)
+                timeout=600, fresh=True)  # its resident set is the measurement: nothing pre-imported
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     floor = 12 + (0 if precision == "fp32" else 2)
@@ -119,7 +119,7 @@ def test_plan_shows_the_host_figure_term_by_term():
 
 def test_bench_host_measures_a_run_against_the_plan(tmp_path):
     r = run_cli("bench", "host", "--quick", "--precisions", "fp32", "--stash", "device", "--out", str(tmp_path),
-                timeout=600)
+                timeout=600, fresh=True)
     assert r.returncode == 0, r.stderr
     row, = json.loads((tmp_path / "host.json").read_text())["rows"]
     assert row["peak_bytes"] > row["idle_bytes"] > 0 and row["params"] > 0

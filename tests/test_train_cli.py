@@ -14,7 +14,7 @@ import pytest
 from l2l.checkpoint import load_latest
 from l2l.metrics import read_metrics
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from shared_runs import cli_once
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
@@ -92,10 +92,8 @@ def test_sigkill_mid_training_then_resume_is_exact(reference_run, tmp_path):
 
 def test_kill_during_save_resumes_from_previous_checkpoint(reference_run, tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "faulty_l2l.py"), "kill-in-save", "6", "train", *TINY,
-                        "--out", str(out), "--no-progress", "--steps", str(STEPS), "--save-every", "2",
-                        "--eval-every", "4"], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                       timeout=300)
+    r = run_cli("train", *TINY, "--out", str(out), "--no-progress", "--steps", str(STEPS), "--save-every", "2",
+                "--eval-every", "4", fault=("kill-in-save", 6))
     assert r.returncode == -signal.SIGKILL
     assert load_latest(out).step == 4
     r = _train(out, "--steps", str(STEPS), "--save-every", "2", "--eval-every", "4", "--resume")
