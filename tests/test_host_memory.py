@@ -79,9 +79,9 @@ def test_a_bad_shape_in_a_checkpoint_changes_nothing():
     assert np.array_equal(eps.state_tensors()["layer0.p"], np.zeros(10, np.float32))
 
 
-# A GPT of 42.8M parameters: big enough that the EPS state outweighs the runtime, small
-# enough for make test (about 25 s a run on two cores).
-SHAPE = ["--layers", "24", "--d-model", "384", "--heads", "6", "--seq-len", "64", "--batch-size", "2",
+# A GPT of 42.8M parameters: big enough that the EPS state outweighs the runtime; 32 tokens a
+# step keep its compute (bf16 matmuls are slow on CPUs) to about 15 s a run.
+SHAPE = ["--layers", "24", "--d-model", "384", "--heads", "6", "--seq-len", "16", "--batch-size", "2",
          "--micro-batches", "1", "--steps", "2", "--save-every", "1", "--eval-batches", "1", "--no-plot"]
 
 
