@@ -788,6 +788,9 @@ def main() -> int:
     probe = report.result["eps_probe"] = probe_eps(args.smoke)
     live.eps_rate = machine.eps_rate = probe["rates"][probe["chosen"]]
     print(f"EPS: {probe['chosen']} ({probe['rates']})", flush=True)
+    # what lives for the whole run (torch, the corpus, the report) out of every gc.collect()
+    # free_caches makes between rows: each would otherwise walk all of it again (0.2 s a row)
+    gc.freeze()
     report.section("startup", status="ok", seconds=round(budget.elapsed(), 1))
 
     rows = [replace(r, cfg=replace(r.cfg, eps=probe["chosen"]),
