@@ -103,20 +103,36 @@ def test_dma(lanes, ew, burst, depth, rate):
 # ---------------------------------------------------------------- the kernel
 
 
+LANES4_CASES = [
+    {"kind": "wide", "n": 1, "K": 4},
+    {"kind": "train", "n": 3, "K": 2, "gr_off": 1},
+    {"kind": "train", "n": 31, "K": 1, "steps": 3},
+    {"kind": "wide", "n": 33, "K": 2, "gr_off": 3},
+    {"kind": "nonfinite-nan", "n": 9, "K": 2, "steps": 2, "then": "train"},
+    {"kind": "train", "n": 32, "K": 4},
+]
+
+
+def _lanes4(large: int) -> None:
+    run_kernel("test_cases", lanes=4, gdtype="bf16", cdtype="fp16", burst=8, block=8,
+               L2L_KERNEL_SEED=11, L2L_KERNEL_CASES=cases(
+                   *LANES4_CASES, {"kind": "train", "n": large, "K": 2, "gr_off": 2}))
+
+
 @pytest.mark.heavy
 def test_kernel_bitexact_lanes4():
     """LANES = 4, bf16 gradients, fp16 copy, 8-beat bursts and blocks: n = 1, 3 (LANES - 1),
-    31 / 32 / 33 (BURST*LANES - 1, =, + 1), 2001, K = 1, 2, 4, gradients mid-beat, 3 steps on
-    one state, a NaN gradient (layer untouched) and then a finite step on the same layer."""
-    run_kernel("test_cases", lanes=4, gdtype="bf16", cdtype="fp16", burst=8, block=8,
-               L2L_KERNEL_SEED=11, L2L_KERNEL_CASES=cases(
-                   {"kind": "wide", "n": 1, "K": 4},
-                   {"kind": "train", "n": 3, "K": 2, "gr_off": 1},
-                   {"kind": "train", "n": 31, "K": 1, "steps": 3},
-                   {"kind": "wide", "n": 33, "K": 2, "gr_off": 3},
-                   {"kind": "nonfinite-nan", "n": 9, "K": 2, "steps": 2, "then": "train"},
-                   {"kind": "train", "n": 32, "K": 4},
-                   {"kind": "train", "n": 2001, "K": 2, "gr_off": 2}))
+    31 / 32 / 33 (BURST*LANES - 1, =, + 1), 301 (76 beats: ten blocks, wraps the 32-beat read
+    buffer twice, ends mid-beat and mid-burst), K = 1, 2, 4, gradients mid-beat, 3 steps on
+    one state, a NaN gradient (layer untouched) and then a finite step on the same layer.
+    Icarus runs this kernel at ~150 clocks/s, so the large layer is kept to 301 elements."""
+    _lanes4(301)
+
+
+@pytest.mark.slow
+def test_kernel_bitexact_lanes4_2001():
+    """The same with the large layer at n = 2001 (issue 5's size), ~3000 more clocks."""
+    _lanes4(2001)
 
 
 @pytest.mark.heavy
