@@ -507,16 +507,20 @@ async def test_throughput(dut):
     Each run's outputs are still checked bit for bit, so a fast wrong kernel
     fails too. K in ``$L2L_KERNEL_RATE_K``; a layer of ``$L2L_KERNEL_RATE_N``
     / K elements at each K (a multiple of LANES), so every run streams the
-    same number of gradient beats and costs about the same simulation time.
+    same number of gradient beats, or, when ``$L2L_KERNEL_RATE_N`` lists one
+    size per K, a layer of that size at each K.
     """
     tb = TB(dut, 3)
     await tb.reset()
-    N = int(os.environ.get("L2L_KERNEL_RATE_N", str(4096 * tb.lanes)))
+    Ks = [int(x) for x in os.environ.get("L2L_KERNEL_RATE_K", "1,2").split(",")]
+    Ns = [int(x) for x in os.environ.get("L2L_KERNEL_RATE_N", str(4096 * tb.lanes)).split(",")]
+    # one N: N / K elements at each K; one N per K: the layer size at that K
+    sizes = [Ns[0] // K for K in Ks] if len(Ns) == 1 else Ns
+    assert len(sizes) == len(Ks), (Ns, Ks)
     block = int(os.environ["L2L_KERNEL_BLOCK"])      # the BLOCK parameter the top level was built with
     report = {"lanes": tb.lanes, "gdtype": tb.gdtype, "cdtype": tb.cdtype, "runs": []}
     failures = []
-    for K in [int(x) for x in os.environ.get("L2L_KERNEL_RATE_K", "1,2").split(",")]:
-        n = N // K
+    for K, n in zip(Ks, sizes):
         assert n % tb.lanes == 0, (n, tb.lanes)
         beats = n // tb.lanes
         case = ev.make_case("train", tb.nprng, n, K, tb.gdtype)
