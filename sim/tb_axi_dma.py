@@ -49,7 +49,7 @@ class TB:
         self.ew = len(dut.st_tdata) // self.lanes
         self.eb = self.ew // 8
         self.bb = self.eb * self.lanes
-        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, 4, unit="ns", impl="gpi").start(start_high=False))
         self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=2**62)
         for log in (self.ram.write_if.log, self.ram.read_if.log):
             log.setLevel(logging.WARNING)

@@ -44,7 +44,7 @@ class TB:
         self.dut = dut
         self.rng = random.Random(seed)
         self.regs = register_map()
-        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, 4, unit="ns", impl="gpi").start(start_high=False))
         self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axi_control"), dut.clk, dut.rst)
         self.axil.write_if.log.setLevel(logging.WARNING)
         self.axil.read_if.log.setLevel(logging.WARNING)
@@ -202,7 +202,7 @@ async def manual_read(dut, addr: int, pulse: str | None = None) -> int:
 async def test_event_during_read(dut):
     """ap_done / ap_ready in the very cycle the control register is read: the read returns
     the value before, the event is kept for the next read (set wins over clear-on-read)."""
-    cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+    cocotb.start_soon(Clock(dut.clk, 4, unit="ns", impl="gpi").start(start_high=False))
     for sig in ("s_axi_control_awvalid", "s_axi_control_wvalid", "s_axi_control_arvalid",
                 "s_axi_control_bready", "s_axi_control_rready", "ap_ready", "ap_done"):
         getattr(dut, sig).value = 0

@@ -227,7 +227,7 @@ class ReduceTB:
         assert len(dut.s_axis_tdata) == self.gw * self.lanes, "GDTYPE of the build and the config differ"
         assert self.lanes == int(cfg("lanes", self.lanes))
         self.log = dut._log
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, 10, unit="ns", impl="gpi").start(start_high=False))
         self.source = BeatSource(dut.clk, dut.s_axis_tvalid, dut.s_axis_tready,
                                  {"tdata": dut.s_axis_tdata, "tkeep": dut.s_axis_tkeep,
                                   "tlast": dut.s_axis_tlast})
@@ -471,7 +471,7 @@ class AdamwTB:
         self.cw = ev.DTYPE_BITS[self.cdtype]
         assert len(dut.m_axis_c) == self.cw * self.lanes, "CDTYPE of the build and the config differ"
         self.log = dut._log
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, 10, unit="ns", impl="gpi").start(start_high=False))
         self.source = BeatSource(dut.clk, dut.s_axis_tvalid, dut.s_axis_tready,
                                  {"g": dut.s_axis_g, "p": dut.s_axis_p, "m": dut.s_axis_m, "v": dut.s_axis_v,
                                   "tkeep": dut.s_axis_tkeep, "tlast": dut.s_axis_tlast})

@@ -138,7 +138,7 @@ class TB:
         self.beat = 4 * self.lanes
         self.regs = register_map()
         assert list(self.regs) == ARG_NAMES, self.regs
-        cocotb.start_soon(Clock(dut.ap_clk, 4, unit="ns").start())
+        cocotb.start_soon(Clock(dut.ap_clk, 4, unit="ns", impl="gpi").start(start_high=False))
         self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axi_control"), dut.ap_clk, dut.ap_rst_n,
                                   reset_active_level=False)
         self.ram = {name: AxiRam(AxiBus.from_prefix(dut, f"m_axi_{name}"), dut.ap_clk, dut.ap_rst_n,
@@ -244,13 +244,14 @@ class TB:
     async def write_args(self, lay: Layout, n: int, k: int, s: StepScalars) -> None:
         vals = {name: getattr(lay, name) for name in BUFFERS}
         vals.update(n=n, k=k, **{name: f32_bits(x) for name, x in zip(StepScalars.names(), s.as_tuple())})
-        for name in ARG_NAMES:
-            addr = self.regs[name]
-            if name in BUFFERS:
-                await self.axil.write_dword(addr, vals[name] & 0xFFFF_FFFF)
-                await self.axil.write_dword(addr + 4, vals[name] >> 32)
-            else:
-                await self.axil.write_dword(addr, vals[name])
+        # the arguments fill one contiguous range of registers (8 bytes a buffer, 4 a scalar):
+        # one write of the range issues every word in order, back to back, where a write_dword
+        # each would wait for every response (~4 clocks a word of a kernel Icarus runs slowly)
+        base = self.regs[ARG_NAMES[0]]
+        data = b"".join(vals[name].to_bytes(8 if name in BUFFERS else 4, "little") for name in ARG_NAMES)
+        assert [self.regs[a] - base for a in ARG_NAMES] == [
+            sum(8 if b in BUFFERS else 4 for b in ARG_NAMES[:i]) for i in range(len(ARG_NAMES))], self.regs
+        await self.axil.write(base, data)
 
     def status(self) -> str:
         """The kernel's sequencer and stream handshakes, for a hang's failure message."""
@@ -506,16 +507,20 @@ async def test_throughput(dut):
     Each run's outputs are still checked bit for bit, so a fast wrong kernel
     fails too. K in ``$L2L_KERNEL_RATE_K``; a layer of ``$L2L_KERNEL_RATE_N``
     / K elements at each K (a multiple of LANES), so every run streams the
-    same number of gradient beats and costs about the same simulation time.
+    same number of gradient beats, or, when ``$L2L_KERNEL_RATE_N`` lists one
+    size per K, a layer of that size at each K.
     """
     tb = TB(dut, 3)
     await tb.reset()
-    N = int(os.environ.get("L2L_KERNEL_RATE_N", str(4096 * tb.lanes)))
+    Ks = [int(x) for x in os.environ.get("L2L_KERNEL_RATE_K", "1,2").split(",")]
+    Ns = [int(x) for x in os.environ.get("L2L_KERNEL_RATE_N", str(4096 * tb.lanes)).split(",")]
+    # one N: N / K elements at each K; one N per K: the layer size at that K
+    sizes = [Ns[0] // K for K in Ks] if len(Ns) == 1 else Ns
+    assert len(sizes) == len(Ks), (Ns, Ks)
     block = int(os.environ["L2L_KERNEL_BLOCK"])      # the BLOCK parameter the top level was built with
     report = {"lanes": tb.lanes, "gdtype": tb.gdtype, "cdtype": tb.cdtype, "runs": []}
     failures = []
-    for K in [int(x) for x in os.environ.get("L2L_KERNEL_RATE_K", "1,2").split(",")]:
-        n = N // K
+    for K, n in zip(Ks, sizes):
         assert n % tb.lanes == 0, (n, tb.lanes)
         beats = n // tb.lanes
         case = ev.make_case("train", tb.nprng, n, K, tb.gdtype)
