@@ -81,30 +81,36 @@ def _compute_intervals(engine, monkeypatch) -> list[tuple[float, float]]:
 
 
 def test_copies_overlap_compute(corpus, monkeypatch):
-    """With a slow link (1 ms per copy) every kind of copy runs while a layer computes."""
+    """Every kind of copy is hidden under compute: the relay asks for it, then computes (a layer
+    call starts) before it waits for the copy, if it ever does. This is the compute thread's own
+    order, so it holds however the OS schedules the copy threads (on a loaded 2-core machine they
+    often wait for a core); the copies take 1 ms each, a slow link, so where a core is free they
+    really run beside the layer calls."""
     cfg = ModelConfig(layers=4, d_model=128, heads=2, seq_len=64, dropout=0.0)
     trace: list = []
     engine = _engine(cfg, micro_batches=4, stash="host",
                      transport=ThreadedTransport(CPU, copy_delay_s=0.001, trace=trace))
     spans = _compute_intervals(engine, monkeypatch)
     sampler = sampler_for(corpus, cfg, batch_size=16)
+    compute = threading.get_ident()
     try:
         engine.train_step(sampler.batch(0), 0)
         engine.eps.synchronize()
     finally:
         engine.close()
 
-    def overlaps(a0, a1):
-        return any(a0 < c1 and c0 < a1 for c0, c1 in spans)
+    def hidden(copy) -> bool:
+        needed = copy.waits.get(compute, float("inf"))
+        return any(copy.asked < c0 < needed for c0, _ in spans)
 
     kinds = {}
-    for kind, start, end in trace:
-        hit, total = kinds.get(kind, (0, 0))
-        kinds[kind] = (hit + overlaps(start, end), total + 1)
+    for copy in trace:
+        hit, total = kinds.get(copy.kind, (0, 0))
+        kinds[copy.kind] = (hit + hidden(copy), total + 1)
     assert set(kinds) == {"weights", "gradient", "stash_out", "stash_in"}, kinds
     for kind, (hit, total) in kinds.items():
         # the first weights (layer 0) and the last gradient have nothing to hide under
-        assert hit >= total // 2, (kind, hit, total)
+        assert hit >= total - 1, (kind, hit, total)
 
 
 def _peak(corpus, layers: int, micro_batches: int, batch_size: int) -> int:
