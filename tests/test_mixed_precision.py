@@ -1,6 +1,8 @@
 """bf16 and fp16 on the device, fp32 masters in the EPS; fp16's eager loss scaling."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from l2l.relay.scaler import LossScaler
 from l2l.baseline import PlainEngine
 
 from conftest import CPU, run_cli, sampler_for
+from shared_runs import made_once
 from test_cuda_fake import CFG as TIED_CFG, _stack as tiny_gpt
 
 CFG = ModelConfig(layers=2, d_model=64, heads=4, seq_len=64)
@@ -30,14 +33,25 @@ def _train(engine: RelayEngine, sampler, steps: int) -> list[float]:
     return [engine.train_step(sampler.batch(s), s).loss for s in range(steps)]
 
 
+def _trained_40_steps(corpus, precision: str) -> tuple[RelayEngine, float]:
+    """An engine after 40 steps at ``precision`` and its validation loss."""
+    engine = _engine(precision)
+    _train(engine, sampler_for(corpus, CFG, batch_size=8), 40)
+    return engine, engine.evaluate(sampler_for(corpus, CFG, batch_size=8, seed=99).fixed_batches(2))
+
+
+@pytest.fixture(scope="session")
+def fp32_40_steps(tmp_path_factory, corpus) -> float:
+    """The fp32 reference's validation loss, trained once for the session (both workers)."""
+    def make(directory):
+        (directory / "loss.json").write_text(json.dumps(_trained_40_steps(corpus, "fp32")[1]))
+    return json.loads((made_once(tmp_path_factory, "fp32-40-steps", make) / "loss.json").read_text())
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_low_precision_trains_like_fp32(corpus, precision):
-    sampler = sampler_for(corpus, CFG, batch_size=8)
-    val = sampler_for(corpus, CFG, batch_size=8, seed=99).fixed_batches(2)
-    ref, low = _engine("fp32"), _engine(precision)
-    _train(ref, sampler, 40)
-    _train(low, sampler, 40)
-    a, b = ref.evaluate(val), low.evaluate(val)
+def test_low_precision_trains_like_fp32(corpus, precision, fp32_40_steps):
+    low, b = _trained_40_steps(corpus, precision)
+    a = fp32_40_steps
     # a 40-step proxy of the acceptance run (the default model, 300 steps: README); early in
     # training the low-precision runs land within a few percent of fp32, either side
     assert abs(b - a) / a <= 0.05, (a, b)
