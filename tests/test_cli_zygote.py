@@ -81,16 +81,13 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
 
 
 def test_the_command_line_gives_the_same_run_forked_or_fresh(tmp_path):
-    """One tiny training run both ways: the same output lines (less timings), the same losses bit for bit,
-    the same refusal of bad input, the same death by SIGKILL."""
+    """One tiny training run both ways: the same losses bit for bit, the same death by SIGKILL."""
     runs = {}
     for fresh in (False, True):
         out = tmp_path / f"fresh-{fresh}"
         r = run_cli("train", *TINY, "--steps", "2", "--no-progress", "--out", str(out), fresh=fresh)
         assert r.returncode == 0, r.stderr
         runs[fresh] = (out / "metrics.jsonl").read_text().splitlines()
-        bad = run_cli("train", "--layers", "0", "--out", str(tmp_path / f"bad-{fresh}"), fresh=fresh)
-        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         killed = run_cli("train", *TINY, "--steps", "3", "--no-progress", "--out", str(tmp_path / f"killed-{fresh}"),
                          fault=("kill-at-step", 1), fresh=fresh)
         assert killed.returncode == -signal.SIGKILL, killed.stderr

@@ -68,8 +68,12 @@ def test_wheel_install_runs_every_backend(tmp_path):
     (purelib / "zz_borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}  # no PYTHONPATH=host
+    # PoCL keeps its compiled kernels under XDG_CACHE_HOME too: pointed at the cache the other
+    # tests filled, the OpenCL run does not compile the same program again
+    pocl_cache = os.environ.get("POCL_CACHE_DIR") or \
+        str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pocl" / "kcache")
     env.update(PYTHONNOUSERSITE="1", OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "cache"),
-               PIP_DISABLE_PIP_VERSION_CHECK="1")
+               PIP_DISABLE_PIP_VERSION_CHECK="1", POCL_CACHE_DIR=pocl_cache)
     isolation = ["--no-build-isolation"] if _setuptools_ok() else []
     _run([py, "-m", "pip", "install", "-q", "--no-deps", *isolation, src], cwd=tmp_path, env=env)
 
