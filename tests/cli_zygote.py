@@ -157,7 +157,7 @@ class Zygote:
         self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       env=env)
         self._pending = b""
-        self._scratch = tempfile.mkdtemp(prefix="l2l-zygote-")
+        self._scratch = self._scratch or tempfile.mkdtemp(prefix="l2l-zygote-")
         if self._answer(None) is None:
             raise RuntimeError(f"tests/cli_zygote.py did not start (exit status {self._proc.wait()})")
 
