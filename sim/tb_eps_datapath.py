@@ -23,7 +23,7 @@ import zlib
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import Event, First, RisingEdge, Timer
 
 import eps_vectors as ev
 from l2l.eps import AdamWHyper, StepScalars
@@ -111,6 +111,8 @@ class BeatSink:
         self.times: list[int] = []
         self.pause = None
         self.cycle = 0
+        self.want = None
+        self.got = Event()
         self.ready.value = 0
         cocotb.start_soon(self._run())
 
@@ -120,6 +122,16 @@ class BeatSink:
     def take(self):
         beats, self.beats = self.beats, []
         return beats
+
+    async def wait_for(self, count: int, limit: int, what: str):
+        """Wait until ``count`` beats are in, at most ``limit`` cycles: one event set by
+        the monitor, not a second coroutine polling every clock (the clocks are the time)."""
+        if len(self.beats) < count:
+            self.want = count
+            self.got.clear()
+            await First(self.got.wait(), Timer(10 * limit, "ns"))
+            self.want = None
+        assert len(self.beats) >= count, f"{what}: {len(self.beats)} of {count} output beats after {limit} cycles"
 
     async def _run(self):
         edge = RisingEdge(self.clk)
@@ -137,6 +149,8 @@ class BeatSink:
                                              f" (cycle {self.cycle})") from None
                 self.beats.append(beat)
                 self.times.append(self.cycle)
+                if self.want is not None and len(self.beats) >= self.want:
+                    self.got.set()
             paused = next(self.pause) if self.pause is not None else False
             ready = 0 if paused else 1
             self.ready.value = ready
@@ -289,11 +303,7 @@ class ReduceTB:
         nb = -(-case.n // L)
         self.source.send(beats)
         limit = timeout or (60 * len(beats) + 400)
-        waited = 0
-        while len(self.sink.beats) < nb:
-            await RisingEdge(self.dut.clk)
-            waited += 1
-            assert waited < limit, f"{case.name}: {len(self.sink.beats)} of {nb} output beats after {waited} cycles"
+        await self.sink.wait_for(nb, limit, case.name)
         await self.cycles(2)
         got = self.sink.take()
         assert len(got) == nb
@@ -512,11 +522,7 @@ class AdamwTB:
                            "v": pack(rows["v"][b]), "tkeep": keep_of(n, L, b), "tlast": lasts[b]}
                           for b in range(nb)])
         limit = 60 * nb + 600
-        waited = 0
-        while len(self.sink.beats) < nb:
-            await RisingEdge(self.dut.clk)
-            waited += 1
-            assert waited < limit, f"{what}: {len(self.sink.beats)} of {nb} output beats after {waited} cycles"
+        await self.sink.wait_for(nb, limit, what)
         got = self.sink.take()
         for i, b in enumerate(got):
             assert b["tkeep"] == keep_of(n, L, i), f"{what}: tkeep of output beat {i}"
