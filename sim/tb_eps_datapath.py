@@ -24,6 +24,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import Event, First, RisingEdge, Timer
+from cocotb.utils import get_sim_time
 
 import eps_vectors as ev
 from l2l.eps import AdamWHyper, StepScalars
@@ -36,6 +37,12 @@ JUNK16 = [0x7C00, 0xFE01, 0x7FFF, 0xFC00, 0x7F80]
 
 def cfg(key, default):
     return CFG.get(key, default)
+
+
+def clock_cycle() -> int:
+    """The number of the rising edge now (10 ns clock, first edge at 5 ns): source and
+    sink count the same edges even while one of them sleeps."""
+    return int(get_sim_time("ns")) // 10 + 1
 
 
 def random_pause(seed: int, p: float):
@@ -63,6 +70,7 @@ class BeatSource:
         self.cycle = 0
         self.times: list[int] = []
         self._driving = False
+        self._more = Event()
         self.valid.value = 0
         cocotb.start_soon(self._run())
 
@@ -71,6 +79,7 @@ class BeatSource:
 
     def send(self, beats):
         self.queue.extend(beats)
+        self._more.set()
 
     def idle(self) -> bool:
         return self.head >= len(self.queue) and not self._driving
@@ -83,8 +92,11 @@ class BeatSource:
     async def _run(self):
         edge = RisingEdge(self.clk)
         while True:
+            if not self._driving and self.head >= len(self.queue):
+                self._more.clear()      # nothing to drive: sleep until send(), not every clock
+                await self._more.wait()
             await edge
-            self.cycle += 1
+            self.cycle = clock_cycle()
             if self._driving and self.ready.value:
                 self.times.append(self.cycle)
                 self._driving = False
@@ -134,11 +146,13 @@ class BeatSink:
         assert len(self.beats) >= count, f"{what}: {len(self.beats)} of {count} output beats after {limit} cycles"
 
     async def _run(self):
-        edge = RisingEdge(self.clk)
+        edge, rise = RisingEdge(self.clk), RisingEdge(self.valid)
         ready = 0
         while True:
+            if ready and self.valid.value == 0:
+                await rise              # ready and nothing offered: sleep until tvalid rises
             await edge
-            self.cycle += 1
+            self.cycle = clock_cycle()
             if ready and self.valid.value:
                 beat = {}
                 for name, h in self.signals.items():
