@@ -23,7 +23,8 @@ import zlib
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import Event, First, RisingEdge, Timer
+from cocotb.utils import get_sim_time
 
 import eps_vectors as ev
 from l2l.eps import AdamWHyper, StepScalars
@@ -36,6 +37,12 @@ JUNK16 = [0x7C00, 0xFE01, 0x7FFF, 0xFC00, 0x7F80]
 
 def cfg(key, default):
     return CFG.get(key, default)
+
+
+def clock_cycle() -> int:
+    """The number of the rising edge now (10 ns clock, first edge at 5 ns): source and
+    sink count the same edges even while one of them sleeps."""
+    return int(get_sim_time("ns")) // 10 + 1
 
 
 def random_pause(seed: int, p: float):
@@ -63,6 +70,7 @@ class BeatSource:
         self.cycle = 0
         self.times: list[int] = []
         self._driving = False
+        self._more = Event()
         self.valid.value = 0
         cocotb.start_soon(self._run())
 
@@ -71,6 +79,7 @@ class BeatSource:
 
     def send(self, beats):
         self.queue.extend(beats)
+        self._more.set()
 
     def idle(self) -> bool:
         return self.head >= len(self.queue) and not self._driving
@@ -83,8 +92,11 @@ class BeatSource:
     async def _run(self):
         edge = RisingEdge(self.clk)
         while True:
+            if not self._driving and self.head >= len(self.queue):
+                self._more.clear()      # nothing to drive: sleep until send(), not every clock
+                await self._more.wait()
             await edge
-            self.cycle += 1
+            self.cycle = clock_cycle()
             if self._driving and self.ready.value:
                 self.times.append(self.cycle)
                 self._driving = False
@@ -111,6 +123,8 @@ class BeatSink:
         self.times: list[int] = []
         self.pause = None
         self.cycle = 0
+        self.want = None
+        self.got = Event()
         self.ready.value = 0
         cocotb.start_soon(self._run())
 
@@ -121,12 +135,24 @@ class BeatSink:
         beats, self.beats = self.beats, []
         return beats
 
+    async def wait_for(self, count: int, limit: int, what: str):
+        """Wait until ``count`` beats are in, at most ``limit`` cycles: one event set by
+        the monitor, not a second coroutine polling every clock (the clocks are the time)."""
+        if len(self.beats) < count:
+            self.want = count
+            self.got.clear()
+            await First(self.got.wait(), Timer(10 * limit, "ns"))
+            self.want = None
+        assert len(self.beats) >= count, f"{what}: {len(self.beats)} of {count} output beats after {limit} cycles"
+
     async def _run(self):
-        edge = RisingEdge(self.clk)
+        edge, rise = RisingEdge(self.clk), RisingEdge(self.valid)
         ready = 0
         while True:
+            if ready and self.valid.value == 0:
+                await rise              # ready and nothing offered: sleep until tvalid rises
             await edge
-            self.cycle += 1
+            self.cycle = clock_cycle()
             if ready and self.valid.value:
                 beat = {}
                 for name, h in self.signals.items():
@@ -137,6 +163,8 @@ class BeatSink:
                                              f" (cycle {self.cycle})") from None
                 self.beats.append(beat)
                 self.times.append(self.cycle)
+                if self.want is not None and len(self.beats) >= self.want:
+                    self.got.set()
             paused = next(self.pause) if self.pause is not None else False
             ready = 0 if paused else 1
             self.ready.value = ready
@@ -289,11 +317,7 @@ class ReduceTB:
         nb = -(-case.n // L)
         self.source.send(beats)
         limit = timeout or (60 * len(beats) + 400)
-        waited = 0
-        while len(self.sink.beats) < nb:
-            await RisingEdge(self.dut.clk)
-            waited += 1
-            assert waited < limit, f"{case.name}: {len(self.sink.beats)} of {nb} output beats after {waited} cycles"
+        await self.sink.wait_for(nb, limit, case.name)
         await self.cycles(2)
         got = self.sink.take()
         assert len(got) == nb
@@ -512,11 +536,7 @@ class AdamwTB:
                            "v": pack(rows["v"][b]), "tkeep": keep_of(n, L, b), "tlast": lasts[b]}
                           for b in range(nb)])
         limit = 60 * nb + 600
-        waited = 0
-        while len(self.sink.beats) < nb:
-            await RisingEdge(self.dut.clk)
-            waited += 1
-            assert waited < limit, f"{what}: {len(self.sink.beats)} of {nb} output beats after {waited} cycles"
+        await self.sink.wait_for(nb, limit, what)
         got = self.sink.take()
         for i, b in enumerate(got):
             assert b["tkeep"] == keep_of(n, L, i), f"{what}: tkeep of output beat {i}"
