@@ -19,7 +19,7 @@
 // after the consumer takes the held beat.
 //
 // Latency (s_axis transfer to m_axis_tvalid, no stalls): LAT ce-cycles, with
-// LAT = 4*MUL + 3*ADD + SQRT + DIV (+ NARROW when CDTYPE != 0); 80 / 82 with
+// LAT = 4*MUL + 3*ADD + SQRT + DIV (+ NARROW when CDTYPE != 0); 110 / 113 with
 // the current l2l_fp_latency.vh. Exposed as the LATENCY output for the kernel
 // (a constant).
 `default_nettype none
