@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 from conftest import ROOT, run_cli, run_python
 
 
@@ -13,7 +11,6 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return run_python(*args, cwd=ROOT)
 
 
-@pytest.mark.heavy
 def test_gpu_check_smoke(tmp_path):
     """Every section runs on tiny shapes, the correctness checks pass, and both files say so."""
     r = _run("bench/gpu_check.py", "--smoke", "--out", str(tmp_path))
@@ -97,7 +94,6 @@ def test_bench_suite_quick_writes_headline_and_tables(tmp_path):
     assert "OpenCL EPS vs torch fused AdamW" in section and "#### (c) device memory" in section
 
 
-@pytest.mark.heavy
 def test_bench_load_small(tmp_path):
     """`l2l bench load` on a tiny Llama: a checkpoint generated, loaded in a fresh process,
     two steps trained; the resident-set figures are there and consistent."""
@@ -118,7 +114,6 @@ def test_bench_load_small(tmp_path):
     assert "peak during load - baseline" in (out / "bench_load.md").read_text()
 
 
-@pytest.mark.heavy
 def test_bench_offload_quick_reports_the_timeline_beside_the_ledger(tmp_path):
     """`l2l bench offload --quick`: the per-direction ledger figures, and beside them the steps'
     call timeline and the probe's both-at-once rate (issue 18)."""

@@ -215,7 +215,6 @@ def _torchrun() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
-@pytest.mark.heavy
 def test_torchrun_two_ranks_match_one_process(tmp_path, one_device):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "L2L_DIST_TIMEOUT": "120",

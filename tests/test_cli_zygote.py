@@ -80,7 +80,6 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
     assert run_python(str(tmp_path / "next.py")).stdout == "served\n"  # the zygote serves on
 
 
-@pytest.mark.heavy
 def test_the_command_line_gives_the_same_run_forked_or_fresh(tmp_path):
     """One tiny training run both ways: the same losses bit for bit, the same death by SIGKILL."""
     runs = {}

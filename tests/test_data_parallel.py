@@ -118,7 +118,6 @@ def _rank(rank: int, port: int, args: list[str], kill_at_step: int | None = None
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.heavy
 def test_torchrun_two_machines_match_one_process(tmp_path):
     torchrun = ROOT / ".venv" / "bin" / "torchrun"
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
@@ -137,7 +136,6 @@ def test_torchrun_two_machines_match_one_process(tmp_path):
     assert len(digests) == 2 and digests[0] == digests[1]  # both ranks hold the same master weights
 
 
-@pytest.mark.heavy
 def test_a_dead_machine_stops_the_other_and_resume_continues(tmp_path):
     out = tmp_path / "run"
     args = [*TINY, "--steps", "8", "--save-every", "2", "--no-progress", "--out", str(out)]

@@ -54,7 +54,6 @@ def test_per_step_losses_and_weights_are_identical(corpus, family, backend):
         assert np.array_equal(wa.view(np.uint32), wb.view(np.uint32))
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("eps", ["opencl", "hls-csim"])
 def test_checkpoints_cross_between_backends(tmp_path, eps, numpy_run):
     ref, mixed = numpy_run, tmp_path / "mixed"

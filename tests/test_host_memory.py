@@ -85,7 +85,6 @@ SHAPE = ["--layers", "24", "--d-model", "384", "--heads", "6", "--seq-len", "16"
          "--micro-batches", "1", "--steps", "2", "--save-every", "1", "--eval-batches", "1", "--no-plot"]
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("precision,stash", [("fp32", "device"), ("bf16", "host")])
 def test_a_whole_run_keeps_to_its_byte_budget_and_the_planner_predicts_its_peak(tmp_path, precision, stash):
     """Build, evaluation, two steps with a checkpoint after each, from the command line:

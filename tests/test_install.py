@@ -18,8 +18,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "1", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32",
         "--batch-size", "8", "--micro-batches", "2", "--eval-batches", "1", "--no-plot", "--no-progress"]
@@ -60,7 +58,6 @@ def _setuptools_ok() -> bool:
     return int(setuptools.__version__.split(".")[0]) >= 77
 
 
-@pytest.mark.heavy
 def test_wheel_install_runs_every_backend(tmp_path):
     src = _clone(tmp_path / "src")
     venv = tmp_path / "venv"

@@ -48,7 +48,6 @@ def fp32_40_steps(tmp_path_factory, corpus) -> float:
     return json.loads((made_once(tmp_path_factory, "fp32-40-steps", make) / "loss.json").read_text())
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_low_precision_trains_like_fp32(corpus, precision, fp32_40_steps):
     low, b = _trained_40_steps(corpus, precision)

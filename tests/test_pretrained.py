@@ -216,7 +216,6 @@ def _losses(run: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_tied_families_train_from_the_command_line(name, tmp_path):
     """Default options but the shape: both engines agree, two workers feed the tied entry

@@ -53,7 +53,6 @@ def _run(unit: str, testcase, **env: int) -> None:
                    env={k: str(v) for k, v in env.items()}, testcase=testcase)
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("unit", sorted(UNITS))
 def test_fp_divsqrt(unit):
     """Edges, vector classes (1000 each), 10k random, full rate and reset, in one simulation.
