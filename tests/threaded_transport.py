@@ -21,12 +21,10 @@ from l2l.hostmem import aligned_empty
 
 @dataclass
 class CopyRecord:
-    """One copy as the trace sees it: when the relay asked for it, when the copy thread
-    began and ended it, and when each thread (by ident) first waited for it."""
+    """One copy as the trace sees it: when the relay asked for it, and when each thread
+    (by ident) first waited for it."""
     kind: str
     asked: float
-    start: float | None = None
-    end: float | None = None
     waits: dict[int, float] = field(default_factory=dict)
 
 
@@ -57,22 +55,19 @@ class ThreadedTransport:
         record = CopyRecord(kind, time.perf_counter())
         if self.trace is not None:
             self.trace.append(record)
-        future = pool.submit(self._copy, record, dst, src, after)
+        future = pool.submit(self._copy, dst, src, after)
 
         def wait() -> None:
             record.waits.setdefault(threading.get_ident(), time.perf_counter())
             future.result()
         return wait
 
-    def _copy(self, record: CopyRecord, dst: torch.Tensor, src: torch.Tensor,
-              after: Callable[[], object] | None = None):
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, after: Callable[[], object] | None = None):
         if after is not None:
             after()
-        record.start = time.perf_counter()
         if self.copy_delay_s:
             time.sleep(self.copy_delay_s)
         dst.copy_(src)
-        record.end = time.perf_counter()
 
     def host_alloc(self, n: int, dtype: np.dtype) -> np.ndarray:
         return aligned_empty(n, dtype)
