@@ -15,6 +15,8 @@ from .eps.copy_window import DiskCopies
 from .eps.disk_tier import DiskTier, copy_layout
 from .eps.numerics import COPY_DTYPES
 from .eps.offload_backend import OffloadedBackend
+from .eps.sharded_server import ShardedParamServer
+from .eps.shards import ShardLayout
 from .errors import UserError
 from .models import LayerStack
 from .relay.engine import RelayEngine
@@ -87,11 +89,16 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
             backend.close()
             raise
         backend = OffloadedBackend(backend, tier, window=cfg.eps_offload_window)
-    eps = EagerParamServer(backend, hyper_of(cfg),
-                           copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
-                           host_alloc=transports[0].host_alloc,
-                           all_reduce=distributed.cross_machine_reduce() if world > 1 else None,
-                           share_masters=device.type == "cpu", copies=copies)
+    common = dict(copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
+                  host_alloc=transports[0].host_alloc)
+    if world > 1 and cfg.eps_layout == "sharded":
+        layout = ShardLayout({e: stack.entry_numel(e) for e in range(stack.num_entries)}, world)
+        eps = ShardedParamServer(backend, hyper_of(cfg), layout=layout, net=distributed.shard_collectives(),
+                                 **common)
+    else:
+        eps = EagerParamServer(backend, hyper_of(cfg), **common,
+                               all_reduce=distributed.cross_machine_reduce() if world > 1 else None,
+                               share_masters=device.type == "cpu", copies=copies)
     m = cfg.micro_batches // world
     if cfg.devices == 1:
         return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,

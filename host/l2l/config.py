@@ -17,6 +17,7 @@ STASH = ("device", "host")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OVERFLOW = ("eager", "strict")
 PLAN_MODES = ("auto", "calibrated", "quick", "off")
+EPS_LAYOUTS = ("sharded", "replicated")
 
 # Settings that define the trajectory of a run: a resume must not change them.
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
@@ -56,6 +57,7 @@ class TrainConfig:
     engine: str = "l2l"
     devices: int = 1  # relay workers in this box (GPUs, or CPU workers), one EPS contribution each
     check_every: int = 50  # steps between master-weight checksums across machines (torchrun)
+    eps_layout: str = "sharded"  # several machines: each owns 1/R of the EPS, or each holds all of it
     checkpointing: bool = False
     accumulate: bool = False  # plain engine: run the batch as --micro-batches micro-batches
     stash: str = "device"
@@ -142,6 +144,8 @@ class TrainConfig:
              f"--micro-batches {self.micro_batches} must be a multiple of --devices {self.devices} "
              "(each device runs its share of the global micro-batches)")
         need(self.check_every >= 0, "--check-every must be >= 0")
+        need(self.eps_layout in EPS_LAYOUTS,
+             f"unknown --eps-layout {self.eps_layout!r}; choose one of {', '.join(EPS_LAYOUTS)}")
         need(self.stash in STASH, f"unknown stash {self.stash!r}; choose one of {', '.join(STASH)}")
         need(self.layers >= 1, f"--layers must be at least 1 (got {self.layers})")
         need(self.d_model >= 1 and self.heads >= 1, "--d-model and --heads must be positive")

@@ -108,18 +108,21 @@ def cross_machine_reduce():
     return all_reduce
 
 
-def sum_over_machines(x: float) -> float:
-    """``x`` summed over the machines (the training loop's group); ``x`` alone in one process."""
+def sum_over_machines(parts: list[float]) -> float:
+    """The sum of every worker's ``parts`` over the machines (the training loop's group), added
+    in worker order (rank, then worker) from 0.0: the same float one process with all the
+    workers adds. One process: ``sum(parts)``."""
     d = _CURRENT
     if d is None:
-        return x
+        return float(sum(parts))
     import torch.distributed as dist
-    t = torch.tensor([x], dtype=torch.float64)
+    t = torch.tensor(parts, dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(d.world)]
     try:
-        dist.all_reduce(t, group=d.main_group)
+        dist.all_gather(out, t, group=d.main_group)
     except RuntimeError as exc:
-        raise _lost("the loss all-reduce", exc) from None
-    return float(t.item())
+        raise _lost("the loss gather", exc) from None
+    return float(sum(x for o in out for x in o.tolist()))
 
 
 def barrier() -> None:
@@ -160,3 +163,111 @@ def check_agreement(tensors: dict[str, np.ndarray], step: int) -> list[str]:
         raise RuntimeError(f"step {step}: the machines' master weights differ "
                            f"({', '.join(g[:12] for g in gathered)}): the EPSes diverged")
     return gathered
+
+
+# ---------------------------------------------------------------------------
+# the sharded EPS's collectives (l2l.eps.sharded_server)
+# ---------------------------------------------------------------------------
+def _bytes(a: np.ndarray) -> torch.Tensor:
+    """``a``'s memory as a uint8 tensor (no copy): collectives move bytes, whatever the dtype
+    (ml_dtypes' bfloat16 has no torch equivalent through NumPy)."""
+    return torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
+class ShardCollectives:
+    """What a sharded EPS asks of the machines. The update path (:meth:`to_owners`,
+    :meth:`all_finite`, :meth:`from_owners`) runs on the EPS worker thread, on the gradient
+    group, entry by entry in the order every machine pushes them; the state path
+    (:meth:`to_root`, :meth:`gather_objects`) runs on the training loop's thread, on its group.
+    Each wraps a failed collective into one :class:`~l2l.errors.PeerLostError` line."""
+
+    def __init__(self, d: Dist) -> None:
+        self.rank, self.world, self._d = d.rank, d.world, d
+
+    def to_owners(self, entry: int, rows: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+        """Every machine's ``rows`` (C, n) restricted to each owner's columns ``bounds[r]``, sent
+        to that owner: returns the (world, C, len) rows of this machine's columns, by sender."""
+        import torch.distributed as dist
+        c = rows.shape[0]
+        send = np.concatenate([rows[:, lo:hi].reshape(-1) for lo, hi in bounds]) if c else rows.reshape(-1)
+        lo, hi = bounds[self.rank]
+        recv = np.empty((self.world, c, hi - lo), rows.dtype)
+        size = rows.dtype.itemsize * c
+        try:
+            dist.all_to_all_single(_bytes(recv), _bytes(send),
+                                   output_split_sizes=[size * (hi - lo)] * self.world,
+                                   input_split_sizes=[size * (b - a) for a, b in bounds],
+                                   group=self._d.grad_group)
+        except RuntimeError as exc:
+            raise _lost(f"the gradient exchange of entry {entry}", exc) from None
+        return recv
+
+    def all_finite(self, entry: int, finite: bool) -> bool:
+        """Whether every owner's slice of the entry reduced to finite values."""
+        import torch.distributed as dist
+        t = torch.tensor([1 if finite else 0], dtype=torch.int32)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._d.grad_group)
+        except RuntimeError as exc:
+            raise _lost(f"the finite flag of entry {entry}", exc) from None
+        return bool(t.item())
+
+    def from_owners(self, entry: int, full: np.ndarray, bounds: list[tuple[int, int]], *, main: bool = False) -> None:
+        """``full[lo:hi]`` from the owner of each slice to every machine, in place (each owner
+        wrote its own slice). ``main``: on the training loop's group (state reads)."""
+        import torch.distributed as dist
+        group = self._d.main_group if main else self._d.grad_group
+        try:
+            for src, (lo, hi) in enumerate(bounds):
+                if hi > lo:
+                    dist.broadcast(_bytes(full[lo:hi]), src=src, group=group)
+        except RuntimeError as exc:
+            raise _lost(f"the weights of entry {entry}", exc) from None
+
+    def to_root(self, entry: int, part: np.ndarray | None, full: np.ndarray | None,
+                bounds: list[tuple[int, int]]) -> None:
+        """Each owner's ``part`` (its slice) into rank 0's ``full``; the others pass ``full=None``."""
+        import torch.distributed as dist
+        group = self._d.main_group
+        try:
+            for src, (lo, hi) in enumerate(bounds):
+                if hi <= lo:
+                    continue
+                if self.rank == 0:
+                    if src == 0:
+                        full[lo:hi] = part
+                    else:
+                        dist.recv(_bytes(full[lo:hi]), src=src, group=group)
+                elif src == self.rank:
+                    dist.send(_bytes(part), dst=0, group=group)
+        except RuntimeError as exc:
+            raise _lost(f"the state of entry {entry}", exc) from None
+
+    def sum_f64(self, what: str, values: np.ndarray) -> np.ndarray:
+        """``values`` (float64) summed over the machines elementwise. Used where each element
+        comes from one machine and the others give 0.0, so the sum is exact and the result
+        the same whatever the collective's order."""
+        import torch.distributed as dist
+        t = torch.from_numpy(np.array(values, dtype=np.float64))
+        try:
+            dist.all_reduce(t, group=self._d.main_group)
+        except RuntimeError as exc:
+            raise _lost(what, exc) from None
+        return t.numpy()
+
+    def broadcast_bytes(self, what: str, data: bytes, size: int) -> bytes:
+        """Rank 0's ``data`` (``size`` bytes) on every machine."""
+        import torch.distributed as dist
+        t = torch.zeros(size, dtype=torch.uint8)
+        if self.rank == 0:
+            t[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        try:
+            dist.broadcast(t, src=0, group=self._d.main_group)
+        except RuntimeError as exc:
+            raise _lost(what, exc) from None
+        return bytes(t.numpy())
+
+
+def shard_collectives() -> ShardCollectives | None:
+    """The sharded EPS's collectives on this machine's process groups; None in one process."""
+    return ShardCollectives(_CURRENT) if _CURRENT is not None else None

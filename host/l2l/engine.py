@@ -37,6 +37,7 @@ class StepResult:
     skipped_layers: int = 0
     grad_norm: float | None = None   # global gradient norm (--overflow strict, or clipping)
     host_stash_bytes: int = 0        # the host stash's peak this step (--stash host), all workers
+    parts: list[float] | None = None  # each worker's share of ``loss``, in worker order (None: one)
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from .config import DEVICES, ENGINES, OVERFLOW, PLAN_MODES, PRECISIONS, STASH, TrainConfig
+from .config import DEVICES, ENGINES, EPS_LAYOUTS, OVERFLOW, PLAN_MODES, PRECISIONS, STASH, TrainConfig
 from .errors import UserError
 
 
@@ -78,6 +78,9 @@ EPS = (
     Option("--cl-platform", "OpenCL platform: index or name substring (env L2L_CL_PLATFORM)"),
     Option("--cl-device", "OpenCL device: index or name substring (env L2L_CL_DEVICE)"),
     Option("--cl-binary", "precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS"),
+    Option("--eps-layout", f"under torchrun: {_one_of(EPS_LAYOUTS)}; sharded: each of R machines owns 1/R of "
+           "every EPS entry (weights, moments, update), so R machines hold an R times larger model, with the bits "
+           "of one machine; replicated: each holds all of it (default %(default)s)"),
     Option("--eps-offload", "keep the EPS's fp32 weights and AdamW moments in files in this directory instead of "
            "host memory, read ahead of the updates and written behind them (docs/disk-tier.md; default: in memory)"),
     Option("--eps-offload-window", "with --eps-offload: layers read ahead of the updates, and at most as many "

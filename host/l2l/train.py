@@ -24,6 +24,7 @@ from .config import TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
 from .eps.disk_tier import check_run_id
+from .eps.sharded_server import ShardedParamServer
 from .errors import UserError
 from .hostmem import memory_status, runtime_resident
 from .lr_schedule import lr_at
@@ -55,6 +56,7 @@ class RunSummary:
     params: int | None = None
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
+    weights_sha256: str | None = None  # SHA-256 of the final fp32 masters (distributed.weights_digest)
     # --eps-offload: the disk tier's ledger of its own I/O over the whole run (build, steps,
     # evaluations, checkpoints): read/write bytes and seconds inside its calls, in total and
     # for "state" and "copies" (their per-entry read and write counts too); docs/disk-tier.md
@@ -243,7 +245,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             t0 = time.perf_counter()
             if world > 1:  # this machine's shard; the loss's divisor stays the global batch's
                 result = engine.train_step(batch.split(world)[rank], step, global_targets=batch.num_targets)
-                result.loss = distributed.sum_over_machines(result.loss)
+                result.loss = distributed.sum_over_machines(result.parts or [result.loss])
             else:
                 result = engine.train_step(batch, step)
             dt = time.perf_counter() - t0
@@ -261,7 +263,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             weight_peak = max(weight_peak, result.device_weight_peak_bytes)
             host_stash = max(host_stash, result.host_stash_bytes)
             if world > 1 and cfg.check_every and (done % cfg.check_every == 0 or done == cfg.steps):
-                digests = distributed.check_agreement(engine.state_tensors(), done)
+                digests = _check_machines(engine, done)
             host_rss = memory_status().get("VmRSS")
             disk_mark = disk_now() if disk_now is not None else None
             if log is not None:
@@ -276,14 +278,20 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | host {host_rss / 2**30:.2f} GiB" if host_rss else "")
                                 + (f" | val {val:.3f}" if val is not None else ""))
-            if main and ((cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps):
-                _save(cfg, out, done, engine, sampler, stack, initial_val)
+            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
+                if main:
+                    _save(cfg, out, done, engine, sampler, stack, initial_val)
+                elif sharded(engine):
+                    engine.eps.send_state()  # rank 0 writes what the owners send
     finally:
         bar.close()
         if log is not None:
             log.close()
-    if main and cfg.steps == 0 and saved is None:  # a run of no steps records the model as it starts
-        _save(cfg, out, 0, engine, sampler, stack, initial_val)
+    if cfg.steps == 0 and saved is None:  # a run of no steps records the model as it starts
+        if main:
+            _save(cfg, out, 0, engine, sampler, stack, initial_val)
+        elif sharded(engine):
+            engine.eps.send_state()
 
     if main and cfg.plot and (out / "metrics.jsonl").stat().st_size:
         plot_metrics(out / "metrics.jsonl", out / "metrics.png",
@@ -297,6 +305,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          host_stash_bytes=host_stash,
                          params=stack.num_params)
     summary.machines_weights_sha256 = digests
+    if cfg.check_every and cfg.steps > start:  # the trained weights' digest: equal for any number of machines
+        summary.weights_sha256 = digests[0] if digests else distributed.weights_digest(engine.state_arrays())
     if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
         summary.eps_disk = engine.eps.disk_io()
         summary.eps_disk_at_start = disk_at_start
@@ -313,6 +323,19 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         say(f"l2l: validation loss {initial_val:.4f} -> {last_val:.4f} "
             f"({last_val / initial_val:.0%} of step 0); record in {out}")
     return summary
+
+
+def sharded(engine) -> bool:
+    """The engine's EPS is split across the machines (``--eps-layout sharded`` under torchrun)."""
+    return isinstance(getattr(engine, "eps", None), ShardedParamServer)
+
+
+def _check_machines(engine, step: int) -> list[str]:
+    """Each machine's digest of the master weights, which must agree (replicated EPS); with a
+    sharded EPS, the one digest of the global masters (each rank owns a part of them)."""
+    if sharded(engine):
+        return [engine.eps.masters_digest()]
+    return distributed.check_agreement(engine.state_arrays(), step)
 
 
 def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> None:

@@ -36,10 +36,19 @@ from .copy_window import DiskCopies
 from .disk_tier import IoLedger, timeline
 from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
+from .shards import BLOCK
 
 HISTORY_STEPS = 4  # update records kept: this many steps' worth (one record per layer and step)
 
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
+
+
+def block_sumsqs(g: np.ndarray, block: int = BLOCK) -> list[float]:
+    """Each :data:`~l2l.eps.shards.BLOCK`-element block's sum of squares, in float64 (the norm is
+    a decision, not contract arithmetic): blocks, not the whole entry, so the figures are the
+    same when the entry is split between machines on block boundaries."""
+    return [float(np.einsum("i,i->", g[lo:lo + block], g[lo:lo + block], dtype=np.float64))
+            for lo in range(0, g.shape[0], block)]
 
 
 @dataclass
@@ -123,14 +132,23 @@ class EagerParamServer:
         self._steps[layer] = 0
         shared = None
         if self._on_backend(layer):
-            self.backend.allocate(layer, p)
+            self.backend.allocate(layer, self._local(layer, p))
             if self._on_disk(layer):
                 self._store_copy(layer)
                 return
             if self.share_masters and self.copy_dtype == np.float32:
                 shared = self.backend.master_as_copy(layer)
         self._copies[layer] = shared if shared is not None else self._alloc(p.shape[0], self.copy_dtype)
-        if self._on_backend(layer) and shared is None:
+        if shared is None:
+            self._fill_copy(layer, p)
+
+    def _local(self, layer: int, a: np.ndarray) -> np.ndarray:
+        """The part of an entry-long array this EPS keeps: all of it (a sharded EPS: its slice)."""
+        return a
+
+    def _fill_copy(self, layer: int, p: np.ndarray) -> None:
+        """Write the layer's device copy of its masters ``p`` (just allocated or loaded)."""
+        if self._on_backend(layer):
             self.backend.write_copy(layer, self._copies[layer])
 
     def _on_backend(self, layer: int) -> bool:
@@ -251,8 +269,8 @@ class EagerParamServer:
         held, self._held = self._held, {}
         checks = {layer: fut.result() for layer, fut in sorted(held.items())}
         self.poll()
-        finite = all(c[0] for c in checks.values())
-        norm = math.sqrt(sum(c[1] for c in checks.values())) if finite else math.inf
+        finite, sumsqs = self._agree(checks)
+        norm = math.sqrt(sum(sumsqs)) if finite else math.inf
         coef = 1.0
         if finite and max_norm is not None:
             coef = min(1.0, max_norm / (norm + 1e-6))
@@ -278,19 +296,28 @@ class EagerParamServer:
                     wait()
             start = time.perf_counter()
             scalars = StepScalars.compute(hyper, 1, loss_scale, divisor)  # only inv_scale is used
-            g = np.empty(self._numel[layer], np.float32)
-            grads = self._gradients(layer)
-            if self.all_reduce is not None:
-                self._summed[layer] = grads
-            finite = reduce_gradients(grads, scalars.inv_scale, g)
-            # float64 accumulation: the norm is a decision, not contract arithmetic
-            sumsq = float(np.einsum("i,i->", g, g, dtype=np.float64)) if finite else math.inf
+            finite, sumsqs = self._held_check(layer, scalars.inv_scale)
             self.update_seconds += time.perf_counter() - start
-            return finite, sumsq, divisor, loss_scale, hyper
+            return finite, sumsqs, divisor, loss_scale, hyper
         except BaseException as exc:
             if self._error is None:
                 self._error = exc
             raise
+
+    def _held_check(self, layer: int, inv_scale: np.float32) -> tuple[bool, list[float]]:
+        """A held layer's finite flag and its reduced gradient's sums of squares, per block."""
+        g = np.empty(self._numel[layer], np.float32)
+        grads = self._gradients(layer)
+        if self.all_reduce is not None:
+            self._summed[layer] = grads
+        finite = reduce_gradients(grads, inv_scale, g)
+        return finite, block_sumsqs(g) if finite else [math.inf]
+
+    def _agree(self, checks: dict[int, tuple]) -> tuple[bool, list[float]]:
+        """Whether every held layer is finite, and every block's sum of squares in layer then
+        block order (what the global norm adds up)."""
+        finite = all(c[0] for c in checks.values())
+        return finite, [x for c in checks.values() for x in c[1]]
 
     def _record(self, record: UpdateRecord) -> None:
         with self._lock:
@@ -400,20 +427,7 @@ class EagerParamServer:
                     wait()
             start = time.perf_counter()
             t = self._steps[layer] + 1
-            scalars = StepScalars.compute(hyper, t, loss_scale, divisor)
-            grads = self._summed.pop(layer, None)
-            if grads is None:
-                grads = self._gradients(layer)
-            if self._on_disk(layer):
-                held = self.copies.buffer(layer)
-                finite = self.backend.step(layer, grads, scalars, held.array)
-                if finite:
-                    self.copies.updated(layer, held)
-                else:
-                    self.copies.discard(held)
-            else:
-                finite = self.backend.step(layer, grads, scalars, self._copies[layer]) \
-                    if self._on_backend(layer) else True
+            finite = self._apply(layer, StepScalars.compute(hyper, t, loss_scale, divisor))
             self._return_inbox(layer)
             if finite:
                 self._steps[layer] = t
@@ -425,6 +439,21 @@ class EagerParamServer:
             if self._error is None:
                 self._error = exc
             raise
+
+    def _apply(self, layer: int, scalars: StepScalars) -> bool:
+        """Reduce the layer's gradients and, when finite, update it and its device copy."""
+        grads = self._summed.pop(layer, None)
+        if grads is None:
+            grads = self._gradients(layer)
+        if self._on_disk(layer):
+            held = self.copies.buffer(layer)
+            finite = self.backend.step(layer, grads, scalars, held.array)
+            if finite:
+                self.copies.updated(layer, held)
+            else:
+                self.copies.discard(held)
+            return finite
+        return self.backend.step(layer, grads, scalars, self._copies[layer]) if self._on_backend(layer) else True
 
     def _gradients(self, layer: int) -> np.ndarray:
         """The layer's contributions as the backend takes them: the (K, n) inbox; across
@@ -512,9 +541,10 @@ class EagerParamServer:
             p, m, v = (tensors[f"layer{layer}.{k}"] for k in "pmv")
             self._steps[layer] = steps
             if self._on_backend(layer):
-                self.backend.write_state(layer, p, m, v)
+                self.backend.write_state(layer, *(self._local(layer, a) for a in (p, m, v)))
                 if self._on_disk(layer):
                     self._store_copy(layer)
-                else:
-                    self.backend.write_copy(layer, self._copies[layer])
+                    continue
+            if layer in self._copies:
+                self._fill_copy(layer, p)
             del p, m, v

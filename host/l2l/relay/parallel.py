@@ -90,6 +90,7 @@ class DataParallelRelay:
             skipped, grad_norm = commit_held_step(self.eps, self.clip_grad_norm, [w.scaler for w in self.workers])
         return StepResult(
             loss=float(sum(r.loss for r in results)),  # each is its shard's share of the global mean
+            parts=[r.loss for r in results],
             tokens=batch.inputs.numel(),
             eps_wait_s=max(r.eps_wait_s for r in results),
             device_peak_bytes=max(r.device_peak_bytes for r in results),

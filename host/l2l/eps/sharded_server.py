@@ -1,0 +1,201 @@
+"""The EPS split across machines: each of R ranks owns a slice of every entry.
+
+The layout (:class:`~l2l.eps.shards.ShardLayout`) gives each rank contiguous
+whole blocks of each entry; the rank's backend holds the fp32 masters and
+moments of its slices only, and runs their updates. Every rank keeps the
+device copy of every entry whole (the relay runs every layer), and the step
+counts of all entries (bookkeeping, the same everywhere).
+
+One entry's update, on every rank's EPS thread, in the order every rank pushes:
+
+1. **Gradients to their owners**: each rank sends each owner the owner's
+   columns of its raw (contributors, n) inbox (``all_to_all_single``); the owner
+   folds the R x C rows it receives in the contract's order -- for a tied entry
+   user first, then worker ``rank * K + k`` -- so R machines of K workers give
+   the bits of one machine of R x K workers (``docs/eps-numerics.md``).
+2. **One flag**: the owners agree on the entry's finite flag (a MIN all-reduce),
+   so every slice of an entry updates, or none does.
+3. **Update**, each owner its slice, writing its slice of the device copy.
+4. **Copies from their owners**: each slice of the new device copy is broadcast
+   from its owner to every rank, before any rank's relay fetches the entry.
+
+Held steps (``--overflow strict``) fold and check in step 1, keep the unscaled
+fold, and agree at the commit on one vector of per-layer flags and per-block
+sums of squares (each element from one owner, the others adding 0.0: exact), so
+the global norm is the same sum in the same order for any R.
+
+Checkpoints keep the one-machine format: rank 0 writes, receiving each entry's
+slices from their owners one entry at a time (:meth:`state_arrays` on rank 0,
+:meth:`send_state` on the others, in the same order), so a run resumes at any R.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import numpy as np
+
+from ..checkpoint import LazyArrays
+from ..distributed import ShardCollectives
+from ..errors import UserError
+from .backend import EpsBackend
+from .contract import StepScalars
+from .numerics import device_copy, reduce_gradients
+from .server import EagerParamServer, block_sumsqs
+from .shards import ShardLayout
+
+
+class ShardedParamServer(EagerParamServer):
+    def __init__(self, backend: EpsBackend, hyper, *, layout: ShardLayout, net: ShardCollectives, **kw) -> None:
+        if kw.get("all_reduce") is not None or kw.get("copies") is not None:
+            raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory")
+        kw.pop("share_masters", None)  # the masters are slices: the copy is always a separate buffer
+        super().__init__(backend, hyper, share_masters=False, **kw)
+        if layout.world != net.world:
+            raise ValueError(f"a layout for {layout.world} ranks on {net.world} machines")
+        self.layout = layout
+        self.net = net
+        self.rank = net.rank
+
+    # ----------------------------------------------------------- where things are
+    def _bounds(self, layer: int) -> list[tuple[int, int]]:
+        return [(s.lo, s.hi) for s in self.layout.slices(layer)]
+
+    def _on_backend(self, layer: int) -> bool:
+        return self.layout.slice_of(layer, self.rank).numel > 0
+
+    def _local(self, layer: int, a: np.ndarray) -> np.ndarray:
+        s = self.layout.slice_of(layer, self.rank)
+        return np.ascontiguousarray(np.asarray(a)[s.lo:s.hi], dtype=np.float32)
+
+    def _fill_copy(self, layer: int, p: np.ndarray) -> None:
+        device_copy(np.asarray(p, dtype=np.float32), self._copies[layer])  # every rank has the whole ``p`` here
+
+    def add_layer(self, layer: int, p: np.ndarray, users: int = 1) -> None:
+        if layer not in self.layout.numels or self.layout.numels[layer] != np.asarray(p).size:
+            raise ValueError(f"entry {layer} of {np.asarray(p).size} elements is not in the shard layout")
+        super().add_layer(layer, p, users)
+
+    # ----------------------------------------------------------- updates
+    def _fold(self, layer: int, inv_scale: np.float32) -> tuple[np.ndarray, bool]:
+        """This rank's slice of the reduced gradient (the contributions of every machine, in
+        the contract's order, times ``inv_scale``) and its finite flag."""
+        self.gradient_inbox(layer)  # allocated even if no contributor asked for it
+        recv = self.net.to_owners(layer, self._inboxes[layer], self._bounds(layer))
+        k = self.contributors
+        users = self._contributors[layer] // k
+        rows = [recv[r, u * k + j] for u in range(users) for r in range(self.layout.world) for j in range(k)]
+        g = np.empty(recv.shape[2], np.float32)
+        finite = reduce_gradients(rows, inv_scale, g) if g.size else True
+        return g, finite
+
+    def _apply(self, layer: int, scalars: StepScalars) -> bool:
+        if self._numel[layer] == 0:
+            return True
+        mine = self.layout.slice_of(layer, self.rank)
+        summed = self._summed.pop(layer, None)
+        if summed is not None:  # a committed held step: checked finite on every rank
+            finite = True
+            if mine.numel:
+                finite = self.backend.step(layer, [summed], scalars, self._copies[layer][mine.lo:mine.hi])
+        else:
+            g, local = self._fold(layer, scalars.inv_scale)
+            finite = self.net.all_finite(layer, local)
+            if finite and mine.numel:  # g is already scaled: times 1.0 is exact
+                self.backend.step(layer, [g], replace(scalars, inv_scale=np.float32(1.0)),
+                                  self._copies[layer][mine.lo:mine.hi])
+        if finite:
+            self.net.from_owners(layer, self._copies[layer], self._bounds(layer))
+        return finite
+
+    def _held_check(self, layer: int, inv_scale: np.float32) -> tuple[bool, list[float]]:
+        if self._numel[layer] == 0:
+            return True, []
+        summed, _ = self._fold(layer, np.float32(1.0))  # the unscaled fold; the commit scales it
+        self._summed[layer] = summed
+        g = np.empty_like(summed)
+        finite = reduce_gradients([summed], inv_scale, g) if g.size else True
+        return finite, block_sumsqs(g) if finite else []
+
+    def _agree(self, checks: dict[int, tuple]) -> tuple[bool, list[float]]:
+        """One float64 vector over the machines: per held layer the count of non-finite
+        slices, then every block's sum of squares where its owner put it."""
+        blocks = {layer: -(-self._numel[layer] // self.layout.block) for layer in checks}
+        offsets, at = {}, len(checks)
+        for layer in checks:
+            offsets[layer] = at
+            at += blocks[layer]
+        vec = np.zeros(at, np.float64)
+        for i, (layer, c) in enumerate(checks.items()):
+            if not self._on_backend(layer):
+                continue
+            if not c[0]:
+                vec[i] = 1.0
+            else:
+                first = offsets[layer] + self.layout.slice_of(layer, self.rank).lo // self.layout.block
+                vec[first:first + len(c[1])] = c[1]
+        total = self.net.sum_f64("the gradient norm", vec)
+        return not total[:len(checks)].any(), [float(x) for x in total[len(checks):]]
+
+    # ----------------------------------------------------------- state
+    def state_arrays(self) -> LazyArrays:
+        """Rank 0: the global state, each entry gathered from its owners when first read --
+        read it once, in order, while every other rank runs :meth:`send_state`."""
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 reads the sharded EPS's state; the others send_state()")
+        self.synchronize()
+        last: dict[int, tuple[np.ndarray, ...]] = {}
+
+        def read(key: str) -> np.ndarray:
+            layer = int(key[len("layer"):key.index(".")])
+            if layer not in last:
+                last.clear()
+                last[layer] = self._gather_state(layer)
+            return last[layer]["pmv".index(key[-1])]
+        specs = {f"layer{layer}.{k}": ((self._numel[layer],), np.dtype(np.float32))
+                 for layer in self.layers for k in "pmv"}
+        return LazyArrays(specs, read)
+
+    def send_state(self) -> None:
+        """Every rank but 0: this rank's slices of each entry's state, in :meth:`state_arrays`'s order."""
+        self.synchronize()
+        for layer in self.layers:
+            self._gather_state(layer)
+
+    def _gather_state(self, layer: int) -> tuple[np.ndarray, ...]:
+        n = self._numel[layer]
+        mine = self.backend.state_view(layer) if self._on_backend(layer) else (None,) * 3
+        full = tuple(np.empty(n, np.float32) for _ in "pmv") if self.rank == 0 else (None,) * 3
+        if n:
+            for part, out in zip(mine, full):
+                self.net.to_root(layer, part, out, self._bounds(layer))
+        return full
+
+    def master(self, layer: int) -> np.ndarray:
+        """The entry's whole fp32 masters, on every rank: a collective, every rank calls it."""
+        self.synchronize()
+        n = self._numel[layer]
+        full = np.empty(n, np.float32)
+        if self._on_backend(layer):
+            s = self.layout.slice_of(layer, self.rank)
+            full[s.lo:s.hi] = self.backend.read_master(layer)
+        if n:
+            self.net.from_owners(layer, full, self._bounds(layer), main=True)
+        return full
+
+    def masters_digest(self) -> str:
+        """:func:`~l2l.distributed.weights_digest` of the global masters, on every rank (rank 0
+        hashes the entries as their owners send them): a collective."""
+        self.synchronize()
+        h = hashlib.sha256()
+        for name in sorted(f"layer{layer}.p" for layer in self.layers):
+            layer = int(name[len("layer"):-2])
+            n = self._numel[layer]
+            part = self.backend.read_master(layer) if self._on_backend(layer) else None
+            full = np.empty(n, np.float32) if self.rank == 0 else None
+            if n:
+                self.net.to_root(layer, part, full, self._bounds(layer))
+            if self.rank == 0:
+                h.update(name.encode())
+                h.update(full.tobytes())
+        return self.net.broadcast_bytes("the weight checksum", h.hexdigest().encode(), 64).decode()

@@ -1,0 +1,148 @@
+"""The EPS sharded across machines (``--eps-layout sharded``, the default under torchrun).
+
+R ranks of K workers must give the bits of ONE process of R x K workers: the same
+per-step losses, exactly, and the same final fp32 masters (a digest that does not
+depend on R). Every run is launched as users launch it: ``torchrun`` on loopback
+for the ranks, ``python -m l2l`` for the one process. The one process runs with
+``OMP_NUM_THREADS=1``, as torchrun sets it for each of several ranks: torch's CPU
+matrix products round differently with another number of threads, which would
+change the gradients before the EPS sees them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from l2l import checkpoint as ckpt
+from l2l.distributed import weights_digest
+from l2l.eps.shards import BLOCK, ShardLayout
+from l2l.metrics import read_metrics
+
+from conftest import ROOT, run_cli
+
+# d_model 96: a block's entry has about 110k parameters (two shard blocks), the embedding
+# 24.6k (one block, so it goes whole to one rank); at R = 3 one rank holds none of a block.
+BASE = ["--layers", "2", "--d-model", "96", "--heads", "2", "--seq-len", "16", "--batch-size", "12",
+        "--micro-batches", "12", "--eval-every", "0", "--eval-batches", "1", "--no-plot", "--no-progress",
+        "--device", "cpu"]
+
+
+# ------------------------------------------------------------------ the layout
+
+def test_layout_whole_blocks_cover_every_entry_once():
+    numels = {0: 0, 1: 5, 2: BLOCK, 3: 3 * BLOCK + 7, 4: 10 * BLOCK, 5: BLOCK + 1}
+    for world in (1, 2, 3, 4, 7):
+        layout = ShardLayout(numels, world)
+        held = [0] * world
+        for e, n in numels.items():
+            slices = layout.slices(e)
+            assert len(slices) == world and slices[0].lo == 0 and slices[-1].hi == n
+            for a, b in zip(slices, slices[1:]):
+                assert a.hi == b.lo                               # contiguous, in rank order
+            for r, s in enumerate(slices):
+                assert s.lo % BLOCK == 0 or s.numel == 0           # a block never straddles two ranks
+                held[r] += s.numel
+            blocks = [-(-s.numel // BLOCK) for s in slices]
+            assert max(blocks) - min(blocks) <= 1                   # as even as whole blocks allow
+            assert len(layout.owners(e)) == min(world, -(-n // BLOCK))
+        assert held == layout.held
+    assert ShardLayout(numels, 3).slices(0) == ShardLayout(numels, 3).slices(0)
+
+
+def test_layout_gives_small_entries_to_the_least_loaded_rank():
+    layout = ShardLayout({e: 100 for e in range(6)}, 3)
+    assert [layout.owners(e) for e in range(6)] == [[0], [1], [2], [0], [1], [2]]
+    assert layout.held == [200, 200, 200]
+    big_first = ShardLayout({0: 4 * BLOCK, 1: 10, 2: 10}, 3)   # rank 0 takes the extra block
+    assert [s.numel for s in big_first.slices(0)] == [2 * BLOCK, BLOCK, BLOCK]
+    assert big_first.owners(1) == [1] and big_first.owners(2) == [2]
+
+
+def test_layout_refuses_nonsense():
+    with pytest.raises(ValueError):
+        ShardLayout({0: 1}, 0)
+
+
+# ------------------------------------------------------------------ runs
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    return {**os.environ, "L2L_DIST_TIMEOUT": "60", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "host")]))}
+
+
+def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("torchrun")
+    launcher = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    return subprocess.run([*launcher, "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+                           "--master-port", str(_free_port()), "-m", "l2l", "train", *args],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def _train(ranks: int, workers: int, out: Path, *args: str) -> dict:
+    """``ranks`` machines of ``workers`` workers each (one process when ``ranks`` is 1)."""
+    argv = [*BASE, "--devices", str(workers), *args, "--out", str(out)]
+    r = run_cli("train", *argv, env={**os.environ, "OMP_NUM_THREADS": "1"}) if ranks == 1 else _torchrun(ranks, *argv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return _record(out)
+
+
+def _record(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    saved = ckpt.load_latest(out)
+    return {"losses": [m["loss"] for m in read_metrics(out / "metrics.jsonl")],
+            "digest": summary["weights_sha256"], "machines": summary["machines_weights_sha256"],
+            "saved_digest": weights_digest(saved.tensors), "tensors": dict(saved.tensors)}
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a["losses"] == b["losses"]
+    assert a["digest"] == b["digest"] == a["saved_digest"] == b["saved_digest"]
+    for k in a["tensors"]:                      # the moments too, not only the masters the digest covers
+        assert np.array_equal(a["tensors"][k].view(np.uint32), b["tensors"][k].view(np.uint32)), k
+
+
+CASES = {
+    # name: (ranks, workers per rank, options)
+    "fp32-eager-uneven": (3, 1, ["--steps", "3"]),
+    "bf16-tied-strict-clip": (2, 2, ["--steps", "3", "--model", "hf-gpt2", "--precision", "bf16",
+                                     "--overflow", "strict", "--clip-grad-norm", "0.5"]),
+    "opencl": (2, 1, ["--steps", "2", "--eps", "opencl"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ranks_give_the_bits_of_one_machine(tmp_path, case):
+    ranks, workers, args = CASES[case]
+    sharded = _train(ranks, workers, tmp_path / "sharded", *args)
+    one = _train(1, ranks * workers, tmp_path / "one", *args)
+    _same(sharded, one)
+    assert sharded["machines"] == [sharded["digest"]]   # one digest of the global masters, not one per rank
+    assert sharded["losses"][-1] < sharded["losses"][0]
+
+
+def test_a_run_saved_at_three_ranks_resumes_at_one_two_and_four(tmp_path):
+    """Saved at R = 3 (uneven slices; one rank owns none of some entries), resumed with
+    R x K = 12 workers kept: every resume gives the uninterrupted run's bits. And a
+    one-process checkpoint resumes at R = 2."""
+    steps = ["--save-every", "2"]
+    whole = _train(1, 12, tmp_path / "whole", *steps, "--steps", "4")
+    _train(3, 4, tmp_path / "saved", *steps, "--steps", "2")
+    for ranks in (1, 2, 4):
+        out = tmp_path / f"resumed-{ranks}"
+        subprocess.run(["cp", "-r", str(tmp_path / "saved"), str(out)], check=True)
+        _same(_train(ranks, 12 // ranks, out, *steps, "--steps", "4", "--resume"), whole)
+    _train(1, 12, tmp_path / "from-one", *steps, "--steps", "2")
+    _same(_train(2, 6, tmp_path / "from-one", *steps, "--steps", "4", "--resume"), whole)
