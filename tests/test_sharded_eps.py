@@ -109,7 +109,9 @@ def _record(out: Path) -> dict:
 
 def _same(a: dict, b: dict) -> None:
     assert a["losses"] == b["losses"]
-    assert a["digest"] == b["digest"] == a["saved_digest"] == b["saved_digest"]
+    assert a["saved_digest"] == b["saved_digest"]
+    for run in (a, b):  # the digest the machines computed is the checkpoint's (one process: none)
+        assert run["digest"] in (None, run["saved_digest"])
     for k in a["tensors"]:                      # the moments too, not only the masters the digest covers
         assert np.array_equal(a["tensors"][k].view(np.uint32), b["tensors"][k].view(np.uint32)), k
 
@@ -129,7 +131,8 @@ def test_ranks_give_the_bits_of_one_machine(tmp_path, case):
     sharded = _train(ranks, workers, tmp_path / "sharded", *args)
     one = _train(1, ranks * workers, tmp_path / "one", *args)
     _same(sharded, one)
-    assert sharded["machines"] == [sharded["digest"]]   # one digest of the global masters, not one per rank
+    # one digest of the global masters, not one per rank
+    assert sharded["machines"] == [sharded["digest"]] == [sharded["saved_digest"]]
     assert sharded["losses"][-1] < sharded["losses"][0]
 
 

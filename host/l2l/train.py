@@ -56,7 +56,7 @@ class RunSummary:
     params: int | None = None
     plan: dict | None = None  # the planner's forecast beside the measured figures (l2l engine)
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
-    weights_sha256: str | None = None  # SHA-256 of the final fp32 masters (distributed.weights_digest)
+    weights_sha256: str | None = None  # torchrun: SHA-256 of the final fp32 masters (weights_digest)
     # --eps-offload: the disk tier's ledger of its own I/O over the whole run (build, steps,
     # evaluations, checkpoints): read/write bytes and seconds inside its calls, in total and
     # for "state" and "copies" (their per-entry read and write counts too); docs/disk-tier.md
@@ -305,8 +305,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          host_stash_bytes=host_stash,
                          params=stack.num_params)
     summary.machines_weights_sha256 = digests
-    if cfg.check_every and cfg.steps > start:  # the trained weights' digest: equal for any number of machines
-        summary.weights_sha256 = digests[0] if digests else distributed.weights_digest(engine.state_arrays())
+    # under torchrun: the final masters' digest, equal for any number of machines (and to
+    # distributed.weights_digest of the last checkpoint's tensors, which a one-process run has)
+    summary.weights_sha256 = digests[0] if digests else None
     if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
         summary.eps_disk = engine.eps.disk_io()
         summary.eps_disk_at_start = disk_at_start
