@@ -5,11 +5,13 @@ are written and before they are committed: the worst moment for a checkpoint wri
 ``kill-at-step`` (SIGKILL as 0-based step N starts: a machine dying mid-run) or
 ``kill-in-update`` (SIGKILL as the N-th EPS update on an ``--eps-offload`` disk tier starts,
 counting from 1: mid-step, with the updates before it written or being written to the state
-files, which are then half-updated) or ``free-bytes`` (every filesystem reports N bytes free:
+files, which are then half-updated) or ``kill-in-exchange`` (SIGKILL as the N-th gradient
+exchange of a sharded EPS starts, counting from 1: a machine dying mid-backward, its peers
+waiting on it in a collective) or ``free-bytes`` (every filesystem reports N bytes free:
 the disk tier's and the planner's space checks, tested without filling a disk). The faults
 are patched in here, from outside the package, through the same seams a user could use:
 ``l2l.checkpoint.save_checkpoint``'s ``before_commit``, the engine's ``train_step``, the
-disk tier's ``OffloadedBackend.step`` and ``shutil.disk_usage``.
+disk tier's ``OffloadedBackend.step``, ``ShardCollectives.to_owners`` and ``shutil.disk_usage``.
 """
 from __future__ import annotations
 
@@ -62,6 +64,19 @@ def _kill_in_update(n: int) -> None:
     OffloadedBackend.step = step_or_die
 
 
+def _kill_in_exchange(n: int) -> None:
+    from l2l.distributed import ShardCollectives
+    to_owners = ShardCollectives.to_owners
+    count = [0]
+
+    def exchange_or_die(self, *args, **kwargs):
+        count[0] += 1
+        if count[0] == n:
+            _kill()
+        return to_owners(self, *args, **kwargs)
+    ShardCollectives.to_owners = exchange_or_die
+
+
 def disk_usage_reporting(free: int, usage=shutil.disk_usage):
     """``shutil.disk_usage`` as it is, but saying ``free`` bytes are free."""
     def smaller(path):
@@ -78,6 +93,6 @@ def report_free_bytes(free: int) -> None:
 if __name__ == "__main__":
     fault, n, *argv = sys.argv[1:]
     {"kill-in-save": _kill_in_save, "kill-at-step": _kill_at_step, "kill-in-update": _kill_in_update,
-     "free-bytes": report_free_bytes}[fault](int(n))
+     "kill-in-exchange": _kill_in_exchange, "free-bytes": report_free_bytes}[fault](int(n))
     from l2l.cli import main
     sys.exit(main(argv))

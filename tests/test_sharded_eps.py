@@ -149,3 +149,36 @@ def test_a_run_saved_at_three_ranks_resumes_at_one_two_and_four(tmp_path):
         _same(_train(ranks, 12 // ranks, out, *steps, "--steps", "4", "--resume"), whole)
     _train(1, 12, tmp_path / "from-one", *steps, "--steps", "2")
     _same(_train(2, 6, tmp_path / "from-one", *steps, "--steps", "4", "--resume"), whole)
+
+
+def _rank(rank: int, world: int, port: int, argv: list[str], fault: list[str] | None = None) -> subprocess.Popen:
+    """One machine as torchrun starts it (its environment), without torchrun's own
+    teardown of the others when one dies: what the survivors do is what is tested."""
+    env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "L2L_DIST_TIMEOUT": "20"}
+    head = ["-m", "l2l"] if fault is None else [str(ROOT / "tests" / "faulty_l2l.py"), *fault]
+    return subprocess.Popen([sys.executable, *head, "train", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_rank_killed_mid_step_stops_the_others_and_the_run_resumes_at_two(tmp_path):
+    """SIGKILL one of 3 ranks in a gradient exchange of step 3 (mid-backward): the two
+    others exit 1 with one line within the timeout; resumed at R = 2 from the step-2
+    checkpoint (R x K = 6 kept), the run gives the uninterrupted run's bits."""
+    out = tmp_path / "run"
+    argv = [*BASE, "--devices", "2", "--steps", "4", "--save-every", "2", "--out", str(out)]
+    entries = 4                                      # exchanges a step: one per entry
+    port = _free_port()
+    victim_at = 2 * entries + 2                      # the second entry of step 3
+    ranks = [_rank(r, 3, port, argv, ["kill-in-exchange", str(victim_at)] if r == 1 else None) for r in range(3)]
+    assert ranks[1].wait(timeout=120) == -9
+    for r in (0, 2):
+        _, err = ranks[r].communicate(timeout=60)   # the timeout is 20 s
+        lines = [line for line in err.strip().splitlines() if line]
+        assert ranks[r].returncode == 1 and len(lines) == 1, err
+        assert f"rank {r} of 3" in lines[0] and "--resume" in lines[0], err
+    ranks[1].communicate()
+    assert ckpt.load_latest(out).step == 2
+    resumed = _train(2, 3, out, *argv[len(BASE) + 2:-2], "--resume")
+    _same(resumed, _train(1, 6, tmp_path / "whole", "--steps", "4", "--save-every", "2"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -170,8 +171,14 @@ def check_agreement(tensors: dict[str, np.ndarray], step: int) -> list[str]:
 # ---------------------------------------------------------------------------
 def _bytes(a: np.ndarray) -> torch.Tensor:
     """``a``'s memory as a uint8 tensor (no copy): collectives move bytes, whatever the dtype
-    (ml_dtypes' bfloat16 has no torch equivalent through NumPy)."""
-    return torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    (ml_dtypes' bfloat16 has no torch equivalent through NumPy). A read-only ``a`` (a backend's
+    own state, lent for a checkpoint) is only ever sent, never written."""
+    b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    if b.flags.writeable:
+        return torch.from_numpy(b)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(b)
 
 
 class ShardCollectives:
