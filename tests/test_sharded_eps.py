@@ -93,7 +93,7 @@ def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
 
 def _train(ranks: int, workers: int, out: Path, *args: str) -> dict:
     """``ranks`` machines of ``workers`` workers each (one process when ``ranks`` is 1)."""
-    argv = [*BASE, "--devices", str(workers), *args, "--out", str(out)]
+    argv = [*BASE, "--devices", str(workers), *(a.format(out=out) for a in args), "--out", str(out)]
     r = run_cli("train", *argv, env={**os.environ, "OMP_NUM_THREADS": "1"}) if ranks == 1 else _torchrun(ranks, *argv)
     assert r.returncode == 0, r.stderr[-3000:]
     return _record(out)
@@ -122,6 +122,7 @@ CASES = {
     "bf16-tied-strict-clip": (2, 2, ["--steps", "3", "--model", "hf-gpt2", "--precision", "bf16",
                                      "--overflow", "strict", "--clip-grad-norm", "0.5"]),
     "opencl": (2, 1, ["--steps", "2", "--eps", "opencl"]),
+    "offload": (2, 1, ["--steps", "2", "--eps-offload", "{out}-eps"]),   # each rank its slices' files
 }
 
 
@@ -134,6 +135,10 @@ def test_ranks_give_the_bits_of_one_machine(tmp_path, case):
     # one digest of the global masters, not one per rank
     assert sharded["machines"] == [sharded["digest"]] == [sharded["saved_digest"]]
     assert sharded["losses"][-1] < sharded["losses"][0]
+    if "--eps-offload" in args:   # each rank kept its own slices in its own directory
+        numels = [sum(json.loads((tmp_path / f"sharded-eps/rank-{r}-of-{ranks}/manifest.json").read_text())
+                      ["entries"].values()) for r in range(ranks)]
+        assert all(numels) and sum(numels) == sum(t.size for k, t in one["tensors"].items() if k.endswith(".p"))
 
 
 def test_a_run_saved_at_three_ranks_resumes_at_one_two_and_four(tmp_path):

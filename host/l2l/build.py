@@ -3,6 +3,7 @@ which engine class plays the :class:`~l2l.engine.Engine` role for a configuratio
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import torch
 
@@ -24,8 +25,8 @@ from .relay.parallel import DataParallelRelay
 from .relay.transport import make_transports
 
 
-# each machine would need its own directory and the run's id from rank 0: not done yet
-OFFLOAD_MACHINES = "--eps-offload with several machines (torchrun) is not supported yet (docs/disk-tier.md)"
+OFFLOAD_MACHINES = ("--eps-offload with several machines (torchrun) needs --eps-layout sharded, and does not take "
+                    "--eps-offload-copies yet (docs/disk-tier.md)")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -41,12 +42,25 @@ def hyper_of(cfg: TrainConfig) -> AdamWHyper:
                       weight_decay=cfg.weight_decay)
 
 
-def offload_tiers(cfg: TrainConfig, stack: LayerStack, run_id: str) -> tuple[DiskTier, DiskTier | None]:
+def shard_layout(stack: LayerStack, world: int) -> ShardLayout:
+    """Which machine owns which slices of ``stack``'s EPS entries (a sharded EPS)."""
+    return ShardLayout({e: stack.entry_numel(e) for e in range(stack.num_entries)}, world)
+
+
+def offload_tiers(cfg: TrainConfig, stack: LayerStack, run_id: str, *, rank: int = 0,
+                  world: int = 1) -> tuple[DiskTier, DiskTier | None]:
     """The disk tiers of ``--eps-offload`` for ``stack``'s EPS entries (those with parameters):
     the state's, and with ``--eps-offload-copies`` the copies' (else None), their directory
-    checked (free space for both): nothing in it is changed yet."""
-    numels = {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
-    tier = DiskTier(cfg.eps_offload, run_id, numels)
+    checked (free space for both): nothing in it is changed yet. Under torchrun (a sharded
+    EPS) each machine's tier holds its slices only, in ``DIR/rank-<rank>-of-<world>``."""
+    if world > 1:
+        layout = shard_layout(stack, world)
+        numels = {e: layout.slice_of(e, rank).numel for e in range(stack.num_entries)}
+        directory = str(Path(cfg.eps_offload) / f"rank-{rank}-of-{world}")
+    else:
+        numels = {e: stack.entry_numel(e) for e in range(stack.num_entries)}
+        directory = cfg.eps_offload
+    tier = DiskTier(directory, run_id, {e: n for e, n in numels.items() if n > 0})
     return tier, copy_tier(cfg, tier) if cfg.eps_offload_copies else None
 
 
@@ -78,11 +92,11 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     backend = make_backend(cfg.eps, **cfg.eps_options())
     copies = None
     if cfg.eps_offload is not None:
-        if world > 1:
+        if world > 1 and (cfg.eps_layout != "sharded" or cfg.eps_offload_copies):
             backend.close()
             raise UserError(OFFLOAD_MACHINES)
         try:
-            tier, copy_files = offload or offload_tiers(cfg, stack, uuid.uuid4().hex)
+            tier, copy_files = offload or offload_tiers(cfg, stack, uuid.uuid4().hex, rank=rank, world=world)
             if copy_files is not None:
                 copies = DiskCopies(copy_files, window=cfg.eps_offload_window)
         except BaseException:
@@ -92,8 +106,8 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     common = dict(copy_dtype=cfg.precision, grad_dtype=cfg.precision, contributors=cfg.devices,
                   host_alloc=transports[0].host_alloc)
     if world > 1 and cfg.eps_layout == "sharded":
-        layout = ShardLayout({e: stack.entry_numel(e) for e in range(stack.num_entries)}, world)
-        eps = ShardedParamServer(backend, hyper_of(cfg), layout=layout, net=distributed.shard_collectives(),
+        eps = ShardedParamServer(backend, hyper_of(cfg), layout=shard_layout(stack, world),
+                                 net=distributed.shard_collectives(),
                                  **common)
     else:
         eps = EagerParamServer(backend, hyper_of(cfg), **common,

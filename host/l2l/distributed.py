@@ -126,6 +126,25 @@ def sum_over_machines(parts: list[float]) -> float:
     return float(sum(x for o in out for x in o.tolist()))
 
 
+def agree_text(text: str, size: int = 64) -> str:
+    """Rank 0's ``text`` (ASCII, at most ``size`` bytes) on every machine; ``text`` in one process."""
+    d = _CURRENT
+    if d is None:
+        return text
+    import torch.distributed as dist
+    data = text.encode("ascii")
+    if len(data) > size:
+        raise ValueError(f"{len(data)} bytes, more than {size}")
+    t = torch.zeros(size + 1, dtype=torch.uint8)
+    t[0] = len(data)
+    t[1:1 + len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    try:
+        dist.broadcast(t, src=0, group=d.main_group)
+    except RuntimeError as exc:
+        raise _lost("agreeing on the run's id", exc) from None
+    return bytes(t[1:1 + int(t[0])].tolist()).decode("ascii")
+
+
 def barrier() -> None:
     d = _CURRENT
     if d is None:
@@ -262,17 +281,9 @@ class ShardCollectives:
             raise _lost(what, exc) from None
         return t.numpy()
 
-    def broadcast_bytes(self, what: str, data: bytes, size: int) -> bytes:
-        """Rank 0's ``data`` (``size`` bytes) on every machine."""
-        import torch.distributed as dist
-        t = torch.zeros(size, dtype=torch.uint8)
-        if self.rank == 0:
-            t[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        try:
-            dist.broadcast(t, src=0, group=self._d.main_group)
-        except RuntimeError as exc:
-            raise _lost(what, exc) from None
-        return bytes(t.numpy())
+    def agree_text(self, text: str) -> str:
+        """Rank 0's ``text`` on every machine (:func:`agree_text`)."""
+        return agree_text(text)
 
 
 def shard_collectives() -> ShardCollectives | None:

@@ -131,7 +131,7 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if world > 1:
         if cfg.engine != "l2l":
             raise UserError("torchrun with several machines needs --engine l2l")
-        if cfg.eps_offload is not None:
+        if cfg.eps_offload is not None and (cfg.eps_layout != "sharded" or cfg.eps_offload_copies):
             raise UserError(OFFLOAD_MACHINES)
         if rank != 0:  # rank 0 speaks and writes for the run
             cfg = replace(cfg, progress=False, plot=False, plan="off")
@@ -176,10 +176,10 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if cfg.eps_offload is not None:
         if saved is not None and saved.step >= cfg.steps:
             raise UserError(f"{out} is already at step {saved.step}; pass a larger --steps to continue it")
-        offload_run = _offload_run(out)
-        offload = offload_tiers(cfg, stack, offload_run)  # DIR checked before anything is written
+        offload_run = distributed.agree_text(_offload_run(out))  # rank 0's, when a new run draws one
+        offload = offload_tiers(cfg, stack, offload_run, rank=rank, world=world)  # DIR checked, nothing written
     distributed.barrier()  # every machine has checked the run directory before rank 0 writes to it
-    if offload_run is not None:  # before the state files: a killed start keeps its id
+    if offload_run is not None and rank == 0:  # before the state files: a killed start keeps its id
         out.mkdir(parents=True, exist_ok=True)
         ckpt.atomic_write_bytes(out / RUN_ID_FILE, (json.dumps({"run_id": offload_run}) + "\n").encode())
     # the forecast before the model: its fixed host cost is what the process holds now, and
