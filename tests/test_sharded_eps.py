@@ -148,6 +148,9 @@ def test_a_run_saved_at_three_ranks_resumes_at_one_two_and_four(tmp_path):
     steps = ["--save-every", "2"]
     whole = _train(1, 12, tmp_path / "whole", *steps, "--steps", "4")
     _train(3, 4, tmp_path / "saved", *steps, "--steps", "2")
+    doc = json.loads((ckpt.load_latest(tmp_path / "saved").path / "meta.json").read_text())
+    assert doc["version"] == 2 and [f["file"] for f in doc["tensors"]["shards"]] == \
+        [f"shard-0000{r}-of-00003.safetensors" for r in range(3)]   # each machine wrote its slices
     for ranks in (1, 2, 4):
         out = tmp_path / f"resumed-{ranks}"
         subprocess.run(["cp", "-r", str(tmp_path / "saved"), str(out)], check=True)
@@ -187,3 +190,29 @@ def test_a_rank_killed_mid_step_stops_the_others_and_the_run_resumes_at_two(tmp_
     assert ckpt.load_latest(out).step == 2
     resumed = _train(2, 3, out, *argv[len(BASE) + 2:-2], "--resume")
     _same(resumed, _train(1, 6, tmp_path / "whole", "--steps", "4", "--save-every", "2"))
+
+
+def test_a_sharded_run_of_a_model_directory_exports_the_one_machine_weights(tmp_path):
+    """A Llama directory trained at R = 2: the checkpoint is one file per machine, and
+    `l2l export` of the run writes the same weights as the one-process run's export."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                 tie_word_embeddings=False)).save_pretrained(tmp_path / "llama")
+    args = ["--model", str(tmp_path / "llama"), "--steps", "2"]
+    sharded = _train(2, 1, tmp_path / "sharded", *args)
+    _same(sharded, _train(1, 2, tmp_path / "one", *args))
+    step_dir = ckpt.load_latest(tmp_path / "sharded").path
+    assert sorted(p.name for p in step_dir.glob("*.safetensors")) == \
+        ["shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"]
+    exported = {}
+    for run in ("sharded", "one"):
+        r = run_cli("export", str(tmp_path / run), "--out", str(tmp_path / f"{run}-hf"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        exported[run] = load_file(str(tmp_path / f"{run}-hf" / "model.safetensors"))
+    assert exported["sharded"].keys() == exported["one"].keys()
+    for k, a in exported["sharded"].items():
+        assert np.array_equal(a, exported["one"][k]), k

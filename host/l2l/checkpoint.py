@@ -8,7 +8,10 @@ A run keeps its checkpoints under ``<run_dir>/checkpoints/``::
             tensors.safetensors arrays (safetensors: raw bytes, nothing executable)
             meta.json           format version, step, size + SHA-256 of the
                                 tensor file, and the trainer's own metadata
-        step-00000123/
+        step-00000123/          a run of several machines (format version 2):
+            shard-00000-of-00002.safetensors   each machine's slices, ``name@start``
+            shard-00001-of-00002.safetensors
+            meta.json           every file's size and SHA-256, written last by rank 0
         .tmp-...                a save in progress, or one that was killed
 
 Why it is safe to kill the process at any instant:
@@ -57,7 +60,7 @@ import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -75,16 +78,19 @@ __all__ = [
     "load_checkpoint",
     "load_latest",
     "save_checkpoint",
+    "save_sharded_checkpoint",
     "step_dir_name",
 ]
 
 FORMAT_NAME = "l2l-checkpoint"
 FORMAT_VERSION = 1
-_KNOWN_VERSIONS = frozenset({FORMAT_VERSION})
+SHARDED_VERSION = 2  # the tensors in one file per machine (save_sharded_checkpoint)
+_KNOWN_VERSIONS = frozenset({FORMAT_VERSION, SHARDED_VERSION})
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "LATEST"
 TENSORS_FILE = "tensors.safetensors"
+SHARD_FILE = "shard-{rank:05d}-of-{world:05d}.safetensors"
 META_FILE = "meta.json"
 TMP_PREFIX = ".tmp-"
 _REPLACED_PREFIX = TMP_PREFIX + "replaced-"
@@ -268,6 +274,87 @@ def save_checkpoint(
 
     fsync_write_text(ckpt_dir / LATEST_FILE, name + "\n")
     _prune(ckpt_dir, step, keep)
+    return final
+
+
+class Team(Protocol):
+    """The machines saving one checkpoint together (``l2l.distributed.Team``)."""
+    rank: int
+    world: int
+
+    def agree_text(self, text: str) -> str:
+        """Rank 0's ``text`` on every machine."""
+
+    def gather_text(self, text: str) -> list[str]:
+        """Every machine's ``text``, by rank, on every machine."""
+
+
+def save_sharded_checkpoint(run_dir: str | os.PathLike, step: int, pieces: Mapping[str, np.ndarray],
+                            starts: Mapping[str, int], numels: Mapping[str, int], meta: Mapping[str, Any],
+                            team: Team, keep: int = 2) -> Path:
+    """:func:`save_checkpoint` by several machines at once, each writing its own pieces: every
+    machine calls it with its ``pieces`` (a part of each named 1-D array, from element
+    ``starts[name]``), the same ``numels`` (each whole array's length) and, from rank 0, the
+    ``meta`` written. Each machine writes and fsyncs its file in the one temporary directory
+    rank 0 made; rank 0 then writes ``meta.json`` with every file's size and SHA-256 (format
+    version 2), last, and commits the directory as :func:`save_checkpoint` does. A machine
+    that dies leaves a ``.tmp-*`` directory, never a step. Returns the checkpoint's directory."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    step = int(step)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    meta = dict(meta)
+    json.dumps(meta)
+    ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
+    name = step_dir_name(step)
+    tmp_name = ""
+    if team.rank == 0:
+        if not ckpt_dir.is_dir():
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            fsync_dir(ckpt_dir.parent)
+        tmp_name = f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
+        os.mkdir(ckpt_dir / tmp_name)
+    tmp = ckpt_dir / team.agree_text(tmp_name)
+    file = SHARD_FILE.format(rank=team.rank, world=team.world)
+    named = {f"{key}@{int(starts[key])}": key for key in pieces if spec_of(pieces, key)[0] != (0,)}
+    local = LazyArrays({k: spec_of(pieces, key) for k, key in named.items()}, lambda k: pieces[named[k]])
+    try:
+        _write_safetensors(tmp / file, local, _checked_specs(local),
+                           metadata={"format": FORMAT_NAME, "step": str(step), "rank": str(team.rank)})
+        nbytes, digest = _hash(tmp / file, fsync=True)
+        report = f"{nbytes} {digest} {len(local)}"
+    except OSError as exc:
+        report = f"error {one_line(exc)}"
+    reports = team.gather_text(report)
+    failed = [f"machine {r}: {t[len('error '):]}" for r, t in enumerate(reports) if t.startswith("error ")]
+    if failed:
+        if team.rank == 0:
+            _remove_quietly(tmp)
+        raise UserError(f"checkpoint of step {step} not written: {'; '.join(failed)}")
+    if team.rank != 0:
+        return ckpt_dir / team.agree_text("")
+    try:
+        shards = []
+        for r, text in enumerate(reports):
+            nbytes, digest, count = text.split()
+            shards.append({"file": SHARD_FILE.format(rank=r, world=team.world), "bytes": int(nbytes),
+                           "sha256": digest, "count": int(count)})
+        doc = {"format": FORMAT_NAME, "version": SHARDED_VERSION, "step": step,
+               "tensors": {"shards": shards, "numels": {k: int(n) for k, n in numels.items()}}, "meta": meta}
+        with open(tmp / META_FILE, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        final = _move_into_place(tmp, ckpt_dir, name)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    fsync_write_text(ckpt_dir / LATEST_FILE, name + "\n")
+    _prune(ckpt_dir, step, keep)
+    team.agree_text(final.name)  # the others return once the step is committed
     return final
 
 
@@ -480,39 +567,97 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         known = ", ".join(map(str, sorted(_KNOWN_VERSIONS)))
         raise UserError(f"{where} has format version {version!r}; this l2l reads version {known}")
     step, info, user_meta = doc.get("step"), doc.get("tensors"), doc.get("meta")
+    files = _tensor_files(info, version)
     if (
         not isinstance(step, int) or isinstance(step, bool) or step < 0
-        or not isinstance(info, dict) or not isinstance(user_meta, dict)
-        or info.get("file") != TENSORS_FILE
-        or not isinstance(info.get("bytes"), int)
-        or not isinstance(info.get("sha256"), str)
+        or not isinstance(user_meta, dict) or files is None
     ):
-        raise UserError(f"{where} is corrupt: {META_FILE} lacks step, meta or the tensor file's size/hash")
+        raise UserError(f"{where} is corrupt: {META_FILE} lacks step, meta or the tensor files' size/hash")
     m = _STEP_DIR_RE.fullmatch(path.name) or _STEP_DIR_RE.fullmatch(path.name[len(_REPLACED_PREFIX) :])
     if m and int(m.group(1)) != step:
         raise UserError(f"{where} is corrupt: {META_FILE} says step {step}")
 
-    tensor_path = path / TENSORS_FILE
+    for file in files:
+        _verify(path / file["file"], file["bytes"], file["sha256"], where)
     try:
-        size = tensor_path.stat().st_size
-    except FileNotFoundError:
-        raise UserError(f"{where} is incomplete: {TENSORS_FILE} is missing") from None
-    expected = info["bytes"]
-    if size < expected:
-        raise UserError(f"{where} is truncated: {TENSORS_FILE} has {size} bytes, expected {expected}")
-    if size > expected:
-        raise UserError(f"{where} is corrupt: {TENSORS_FILE} has {size} bytes, expected {expected}")
-    try:
-        _, digest = _hash(tensor_path)
-    except OSError as e:
-        raise UserError(f"{where} is unreadable: {TENSORS_FILE}: {e.strerror or e}") from None
-    if digest != info["sha256"]:
-        raise UserError(f"{where} is corrupt: {TENSORS_FILE} SHA-256 mismatch")
-    try:
-        tensors = _read_safetensors(tensor_path)
+        if version == FORMAT_VERSION:
+            tensors = _read_safetensors(path / TENSORS_FILE)
+        else:
+            tensors = _read_pieces([path / f["file"] for f in files], info["numels"])
     except (OSError, ValueError) as e:
-        raise UserError(f"{where} is corrupt: {TENSORS_FILE} cannot be read ({one_line(e)})") from None
+        raise UserError(f"{where} is corrupt: its tensor files cannot be read ({one_line(e)})") from None
     return Checkpoint(step=step, tensors=tensors, meta=user_meta, path=path)
+
+
+def _tensor_files(info, version: int) -> list[dict] | None:
+    """The tensor files ``meta.json`` lists (name, bytes, sha256), or None when malformed:
+    version 1 has one, ``tensors.safetensors``; version 2 one per machine, and every
+    array's length."""
+    if not isinstance(info, dict):
+        return None
+    if version == FORMAT_VERSION:
+        files = [info] if info.get("file") == TENSORS_FILE else None
+    else:
+        files, numels = info.get("shards"), info.get("numels")
+        if not isinstance(files, list) or not files or not isinstance(numels, dict) \
+                or not all(isinstance(n, int) and n >= 0 for n in numels.values()):
+            return None
+        if any(not isinstance(f, dict) or f.get("file") != SHARD_FILE.format(rank=r, world=len(files))
+               for r, f in enumerate(files)):
+            return None
+    ok = files is not None and all(isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
+                                   for f in files)
+    return files if ok else None
+
+
+def _verify(file: Path, expected: int, sha256: str, where: str) -> None:
+    """The tensor file is there, of its recorded size and SHA-256, or a one-line UserError."""
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"{where} is incomplete: {file.name} is missing") from None
+    if size < expected:
+        raise UserError(f"{where} is truncated: {file.name} has {size} bytes, expected {expected}")
+    if size > expected:
+        raise UserError(f"{where} is corrupt: {file.name} has {size} bytes, expected {expected}")
+    try:
+        _, digest = _hash(file)
+    except OSError as e:
+        raise UserError(f"{where} is unreadable: {file.name}: {e.strerror or e}") from None
+    if digest != sha256:
+        raise UserError(f"{where} is corrupt: {file.name} SHA-256 mismatch")
+
+
+def _read_pieces(files: list[Path], numels: Mapping[str, int]) -> LazyArrays:
+    """The whole arrays of a version-2 checkpoint, each assembled from its pieces (``name@start``
+    in the machines' files) when asked for; the pieces must tile each array exactly."""
+    pieces: dict[str, list[tuple[int, Path, int, int, np.dtype]]] = {name: [] for name in numels}
+    dtypes: dict[str, np.dtype] = {}
+    for file in files:
+        for key, (offset, shape, dtype) in safetensors_layout(file).items():
+            name, _, start = key.rpartition("@")
+            if name not in pieces or not start.isdigit() or len(shape) != 1:
+                raise ValueError(f"{file.name}: unexpected tensor {key!r}")
+            pieces[name].append((int(start), file, offset, shape[0], dtype))
+            if dtypes.setdefault(name, dtype) != dtype:
+                raise ValueError(f"{name}: pieces of different dtypes")
+    for name, parts in pieces.items():
+        parts.sort(key=lambda p: p[0])
+        at = 0
+        for start, _, _, count, _ in parts:
+            if start != at:
+                raise ValueError(f"{name}: its pieces do not cover element {at} exactly")
+            at += count
+        if at != numels[name]:
+            raise ValueError(f"{name}: pieces of {at} elements, the array has {numels[name]}")
+    specs = {name: ((numels[name],), dtypes.get(name, np.dtype("<f4")).newbyteorder("=")) for name in numels}
+
+    def read(name: str) -> np.ndarray:
+        out = np.empty(*specs[name])
+        for start, file, offset, count, dtype in pieces[name]:
+            out[start:start + count] = np.fromfile(file, dtype=dtype, count=count, offset=offset)
+        return out
+    return LazyArrays(specs, read)
 
 
 def safetensors_header(path: Path) -> dict[str, tuple[int, tuple[int, ...], str]]:

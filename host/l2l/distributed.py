@@ -285,6 +285,20 @@ class ShardCollectives:
         """Rank 0's ``text`` on every machine (:func:`agree_text`)."""
         return agree_text(text)
 
+    def gather_text(self, text: str, size: int = 256) -> list[str]:
+        """Every machine's ``text`` (UTF-8, cut to ``size`` bytes), by rank, on every machine."""
+        import torch.distributed as dist
+        data = text.encode("utf-8")[:size]
+        t = torch.zeros(size + 2, dtype=torch.uint8)
+        t[0], t[1] = len(data) // 256, len(data) % 256
+        t[2:2 + len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        try:
+            dist.all_gather(out, t, group=self._d.main_group)
+        except RuntimeError as exc:
+            raise _lost("a checkpoint's file list", exc) from None
+        return [bytes(o[2:2 + int(o[0]) * 256 + int(o[1])].tolist()).decode("utf-8", "replace") for o in out]
+
 
 def shard_collectives() -> ShardCollectives | None:
     """The sharded EPS's collectives on this machine's process groups; None in one process."""

@@ -278,20 +278,14 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
                                 + (f" | host {host_rss / 2**30:.2f} GiB" if host_rss else "")
                                 + (f" | val {val:.3f}" if val is not None else ""))
-            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
-                if main:
-                    _save(cfg, out, done, engine, sampler, stack, initial_val)
-                elif sharded(engine):
-                    engine.eps.send_state()  # rank 0 writes what the owners send
+            if ((cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps) and (main or sharded(engine)):
+                _save(cfg, out, done, engine, sampler, stack, initial_val)
     finally:
         bar.close()
         if log is not None:
             log.close()
-    if cfg.steps == 0 and saved is None:  # a run of no steps records the model as it starts
-        if main:
-            _save(cfg, out, 0, engine, sampler, stack, initial_val)
-        elif sharded(engine):
-            engine.eps.send_state()
+    if cfg.steps == 0 and saved is None and (main or sharded(engine)):  # a run of no steps records the model
+        _save(cfg, out, 0, engine, sampler, stack, initial_val)
 
     if main and cfg.plot and (out / "metrics.jsonl").stat().st_size:
         plot_metrics(out / "metrics.jsonl", out / "metrics.png",
@@ -343,7 +337,11 @@ def _save(cfg, out: Path, step: int, engine, sampler, stack, initial_val) -> Non
     meta = {"format": FORMAT, "config": cfg.to_dict(), "trajectory": cfg.trajectory(),
             "signature": stack.signature(), "engine": engine.state_meta(),
             "data": sampler.state_dict(), "rng": _rng_meta(), "initial_val_loss": initial_val}
-    ckpt.save_checkpoint(out, step, engine.state_arrays(), meta, keep=cfg.keep_checkpoints)
+    if sharded(engine):  # every machine writes its slices; rank 0 the manifest
+        pieces, starts, numels = engine.eps.state_pieces()
+        ckpt.save_sharded_checkpoint(out, step, pieces, starts, numels, meta, engine.eps.net, keep=cfg.keep_checkpoints)
+    else:
+        ckpt.save_checkpoint(out, step, engine.state_arrays(), meta, keep=cfg.keep_checkpoints)
 
 
 def _model_line(cfg: TrainConfig, stack) -> str:

@@ -24,9 +24,10 @@ fold, and agree at the commit on one vector of per-layer flags and per-block
 sums of squares (each element from one owner, the others adding 0.0: exact), so
 the global norm is the same sum in the same order for any R.
 
-Checkpoints keep the one-machine format: rank 0 writes, receiving each entry's
-slices from their owners one entry at a time (:meth:`state_arrays` on rank 0,
-:meth:`send_state` on the others, in the same order), so a run resumes at any R.
+Checkpoints: each machine writes its slices to a file of its own in the step's
+directory, rank 0 the manifest last (:meth:`state_pieces`,
+:func:`~l2l.checkpoint.save_sharded_checkpoint`); loading assembles each entry
+from the pieces, so a run resumes at any R.
 """
 from __future__ import annotations
 
@@ -139,10 +140,13 @@ class ShardedParamServer(EagerParamServer):
 
     # ----------------------------------------------------------- state
     def state_arrays(self) -> LazyArrays:
-        """Rank 0: the global state, each entry gathered from its owners when first read --
-        read it once, in order, while every other rank runs :meth:`send_state`."""
-        if self.rank != 0:
-            raise RuntimeError("only rank 0 reads the sharded EPS's state; the others send_state()")
+        raise RuntimeError("a sharded EPS holds slices: its checkpoint is written by every machine "
+                           "(state_pieces, checkpoint.save_sharded_checkpoint)")
+
+    def state_pieces(self) -> tuple[LazyArrays, dict[str, int], dict[str, int]]:
+        """This machine's part of every ``layer{i}.p/.m/.v``, read from the backend one entry at a
+        time as asked for (after the pending updates), where each part starts, and every whole
+        array's length: what :func:`~l2l.checkpoint.save_sharded_checkpoint` writes."""
         self.synchronize()
         last: dict[int, tuple[np.ndarray, ...]] = {}
 
@@ -150,26 +154,14 @@ class ShardedParamServer(EagerParamServer):
             layer = int(key[len("layer"):key.index(".")])
             if layer not in last:
                 last.clear()
-                last[layer] = self._gather_state(layer)
+                last[layer] = self.backend.state_view(layer)
             return last[layer]["pmv".index(key[-1])]
-        specs = {f"layer{layer}.{k}": ((self._numel[layer],), np.dtype(np.float32))
-                 for layer in self.layers for k in "pmv"}
-        return LazyArrays(specs, read)
-
-    def send_state(self) -> None:
-        """Every rank but 0: this rank's slices of each entry's state, in :meth:`state_arrays`'s order."""
-        self.synchronize()
-        for layer in self.layers:
-            self._gather_state(layer)
-
-    def _gather_state(self, layer: int) -> tuple[np.ndarray, ...]:
-        n = self._numel[layer]
-        mine = self.backend.state_view(layer) if self._on_backend(layer) else (None,) * 3
-        full = tuple(np.empty(n, np.float32) for _ in "pmv") if self.rank == 0 else (None,) * 3
-        if n:
-            for part, out in zip(mine, full):
-                self.net.to_root(layer, part, out, self._bounds(layer))
-        return full
+        mine = {layer: self.layout.slice_of(layer, self.rank) for layer in self.layers}
+        specs = {f"layer{layer}.{k}": ((s.numel,), np.dtype(np.float32))
+                 for layer, s in mine.items() if s.numel for k in "pmv"}
+        starts = {f"layer{layer}.{k}": s.lo for layer, s in mine.items() for k in "pmv"}
+        numels = {f"layer{layer}.{k}": self._numel[layer] for layer in self.layers for k in "pmv"}
+        return LazyArrays(specs, read), starts, numels
 
     def master(self, layer: int) -> np.ndarray:
         """The entry's whole fp32 masters, on every rank: a collective, every rank calls it."""
