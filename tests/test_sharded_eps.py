@@ -104,6 +104,7 @@ def _record(out: Path) -> dict:
     saved = ckpt.load_latest(out)
     return {"losses": [m["loss"] for m in read_metrics(out / "metrics.jsonl")],
             "digest": summary["weights_sha256"], "machines": summary["machines_weights_sha256"],
+            "collective_bytes": summary.get("collective_bytes_per_step"),
             "saved_digest": weights_digest(saved.tensors), "tensors": dict(saved.tensors)}
 
 
@@ -135,6 +136,13 @@ def test_ranks_give_the_bits_of_one_machine(tmp_path, case):
     # one digest of the global masters, not one per rank
     assert sharded["machines"] == [sharded["digest"]] == [sharded["saved_digest"]]
     assert sharded["losses"][-1] < sharded["losses"][0]
+    if case == "bf16-tied-strict-clip":   # the bytes the machines sent each other: the planner's formula
+        shape = BASE[:BASE.index("--eval-every")] + ["--model", "hf-gpt2", "--precision", "bf16", "--device", "cpu"]
+        plan = run_cli("plan", *shape, "--devices", str(workers), "--machines", str(ranks), "--flops", "1e9",
+                       "--eps-rate", "1e8", "--link-gbps", "0", "--json")
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        predicted = json.loads(plan.stdout)["prediction"]["collective_bytes"]
+        assert predicted > 0 and abs(sharded["collective_bytes"] - predicted) <= 0.01 * predicted
     if "--eps-offload" in args:   # each rank kept its own slices in its own directory
         numels = [sum(json.loads((tmp_path / f"sharded-eps/rank-{r}-of-{ranks}/manifest.json").read_text())
                       ["entries"].values()) for r in range(ranks)]

@@ -209,6 +209,7 @@ class ShardCollectives:
 
     def __init__(self, d: Dist) -> None:
         self.rank, self.world, self._d = d.rank, d.world, d
+        self.sent_bytes = 0  # what the update path handed its collectives for the other machines
 
     def to_owners(self, entry: int, rows: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
         """Every machine's ``rows`` (C, n) restricted to each owner's columns ``bounds[r]``, sent
@@ -219,6 +220,7 @@ class ShardCollectives:
         lo, hi = bounds[self.rank]
         recv = np.empty((self.world, c, hi - lo), rows.dtype)
         size = rows.dtype.itemsize * c
+        self.sent_bytes += size * sum(b - a for r, (a, b) in enumerate(bounds) if r != self.rank)
         try:
             dist.all_to_all_single(_bytes(recv), _bytes(send),
                                    output_split_sizes=[size * (hi - lo)] * self.world,
@@ -243,6 +245,9 @@ class ShardCollectives:
         wrote its own slice). ``main``: on the training loop's group (state reads)."""
         import torch.distributed as dist
         group = self._d.main_group if main else self._d.grad_group
+        if not main:
+            lo, hi = bounds[self.rank]
+            self.sent_bytes += (hi - lo) * full.dtype.itemsize * (self.world - 1)
         try:
             for src, (lo, hi) in enumerate(bounds):
                 if hi > lo:

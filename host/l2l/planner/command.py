@@ -12,7 +12,7 @@ from ..errors import UserError
 from ..hostmem import available_memory
 from .fit import SEARCHES, Limits, count, describe, fit
 from .measure import calibrate, measure_rates
-from .model import Rates, choose_micro_batches, predict
+from .model import Machines, Rates, choose_micro_batches, predict
 from .report import format_plan, mib
 from ..options import BATCH, DEVICE, EPS, MODEL, RELAY, Parser, add_options, config_from
 from .disk import DiskRates, format_disk, free_bytes, plan_disk, probe_disk
@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     add_options(p, MODEL + BATCH + DEVICE)
     add_options(p, [o for o in RELAY + EPS if o.flag in ("--stash", "--precision", "--devices", "--eps",
                                                   "--eps-offload", "--eps-offload-window",
-                                                  "--eps-offload-copies")])
+                                                  "--eps-offload-copies", "--eps-layout")])
     p.add_argument("--dtype-bytes", type=int, default=None,
                    help="bytes per weight/gradient/activation element (default: what --precision computes in)")
     p.add_argument("--flops", type=float, default=None, help="device compute rate, FLOP/s (default: measured)")
@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --eps-offload: the disk's read bandwidth, GB/s (default: measured in DIR)")
     p.add_argument("--disk-write-gbps", type=float, default=None,
                    help="with --eps-offload: the disk's write bandwidth, GB/s (default: measured in DIR)")
+    p.add_argument("--machines", type=int, default=1,
+                   help="plan for R machines under torchrun, each with --devices workers: each machine's host "
+                        "memory, and the EPS's collectives in the step (default 1)")
+    p.add_argument("--network-gbps", type=float, default=None,
+                   help="with --machines: each machine's network bandwidth, GB/s each way (default: free)")
     p.add_argument("--no-calibrate", action="store_true", help="skip the relay steps that calibrate the efficiency")
     p.add_argument("--memory-budget-gib", type=float, default=None, help="device memory for choosing M")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -90,20 +95,36 @@ def run_plan(argv: list[str]) -> int:
     if args.eps_offload is None and (args.disk_read_gbps is not None or args.disk_write_gbps is not None):
         raise UserError("--disk-read-gbps and --disk-write-gbps apply to --eps-offload")
     cfg = config_from(args, progress=False).check()
+    machines = _machines_of(args, cfg)
     db = dtype_bytes_of(cfg, args.dtype_bytes)
     disk_rates = None if cfg.eps_offload is None else _disk_rates_of(args, cfg)  # a bad DIR fails first
     rates = _rates_of(args, cfg, db)
-    prediction = predict(cfg, rates, dtype_bytes=db)
+    prediction = predict(cfg, rates, dtype_bytes=db, machines=machines)
     budget = None if args.memory_budget_gib is None else int(args.memory_budget_gib * 2**30)
-    choice = choose_micro_batches(cfg, rates, device_memory_bytes=budget, dtype_bytes=db)
+    # the choice of M is one machine's (several: M is a multiple of machines x devices, given)
+    choice = choose_micro_batches(cfg, rates, device_memory_bytes=budget, dtype_bytes=db) \
+        if machines.count == 1 else None
     tier = None if cfg.eps_offload is None else plan_disk(cfg, prediction, disk_rates)
     if args.json:
         print(json.dumps({"prediction": prediction.to_dict(), "rates": rates.to_dict(),
-                          "micro_batches": asdict(choice), "disk": None if tier is None else tier.to_dict()},
+                          "micro_batches": None if choice is None else asdict(choice), "disk": None if tier is None else tier.to_dict()},
                          indent=2, default=str))
     else:
         print(format_plan(prediction, rates, choice) + ("" if tier is None else "\n\n" + format_disk(tier)))
     return 0
+
+
+def _machines_of(args, cfg: TrainConfig) -> Machines:
+    if args.machines < 1:
+        raise UserError(f"--machines must be at least 1 (got {args.machines})")
+    if args.network_gbps is not None and not (args.network_gbps > 0 and math.isfinite(args.network_gbps)):
+        raise UserError(f"--network-gbps must be a positive number (got {args.network_gbps})")
+    if args.machines == 1 and args.network_gbps is not None:
+        raise UserError("--network-gbps applies to --machines 2 or more")
+    if cfg.micro_batches % (args.machines * cfg.devices):
+        raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of --machines x --devices "
+                        f"({args.machines} x {cfg.devices})")
+    return Machines(args.machines, None if args.network_gbps is None else args.network_gbps * 1e9, cfg.eps_layout)
 
 
 def _disk_rates_of(args, cfg: TrainConfig) -> DiskRates:

@@ -120,6 +120,55 @@ class Rates:
         return asdict(self)
 
 
+# ---------------------------------------------------------------- machines
+
+@dataclass(frozen=True)
+class Machines:
+    """R machines under torchrun, each running the relay on its share of the batch with
+    ``cfg.devices`` workers, and how their EPS is laid out (``--eps-layout``)."""
+
+    count: int = 1
+    network_bytes_per_s: float | None = None  # each machine's link, each way; None: free
+    layout: str = "sharded"
+
+    @property
+    def sharded(self) -> bool:
+        return self.count > 1 and self.layout == "sharded"
+
+    def seconds(self, nbytes: float) -> float:
+        return 0.0 if self.network_bytes_per_s is None else nbytes / self.network_bytes_per_s
+
+
+def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
+    """Bytes all machines together send to each other in one step, to the EPS's collectives.
+
+    Sharded: each layer's raw gradient rows (``cfg.devices`` per machine, one per worker;
+    a tied entry's once per using layer) go to their owners, all but a machine's own
+    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices; then each entry's new
+    device copy goes from each owner to the R - 1 others: ``n * db * (R - 1)``. Replicated:
+    a ring all-reduce of each layer's fp32 box sum, ``2 * p * 4 * (R - 1)`` over the machines."""
+    r = machines.count
+    if r <= 1:
+        return 0
+    if machines.sharded:
+        grads = sum(cfg.devices * s.params * db for s in shapes)
+        copies = sum((s.params - s.counted_before) * db for s in shapes)
+        return (grads + copies) * (r - 1)
+    return sum(2 * s.params * 4 for s in shapes) * (r - 1)
+
+
+def _eps_seconds(cfg: TrainConfig, shape: LayerShape, rates: Rates, db: int, machines: Machines) -> float:
+    """One layer's time on its EPS thread: the update of this machine's part, and the
+    collectives around it (the bytes this machine sends, at its link's rate)."""
+    r = machines.count
+    if r <= 1:
+        return shape.params / rates.eps_elems_per_s
+    if machines.sharded:
+        sent = (cfg.devices * shape.params + shape.params - shape.counted_before) * db * (r - 1) / r
+        return shape.params / r / rates.eps_elems_per_s + machines.seconds(sent)
+    return shape.params / rates.eps_elems_per_s + machines.seconds(2 * shape.params * 4 * (r - 1) / r)
+
+
 # ---------------------------------------------------------------- prediction
 
 @dataclass
@@ -155,6 +204,10 @@ class Prediction:
     #                              on the CPU device also the device's own memory (stash, activations)
     host_total_bytes: int        # the process's peak resident set: the four above
     rates: dict
+    machines: int = 1            # under torchrun: the host figures are each machine's
+    eps_layout: str = "sharded"
+    collective_bytes: int = 0    # all machines together send this to the EPS's collectives a step
+    collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives
     layers_detail: list[dict] = field(default_factory=list)
 
     @property
@@ -183,10 +236,12 @@ class _Pass:
     eps_s: float         # its layer's update (post and bwd)
 
 
-def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int) -> list[_Pass]:
-    """The relay's passes in order, with their compute and link times (engine.train_step)."""
-    m = cfg.micro_batches
-    b = cfg.batch_size // m
+def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int,
+                  machines: Machines = Machines()) -> list[_Pass]:
+    """The relay's passes in order, with their compute and link times (engine.train_step);
+    with several machines each runs ``cfg.micro_batches / R`` of them."""
+    m = cfg.micro_batches // machines.count
+    b = cfg.batch_size // cfg.micro_batches
     rate = rates.flops_per_s * rates.efficiency
     act = b * cfg.seq_len * cfg.d_model * db  # one micro-batch's boundary tensor
     last = len(shapes) - 1
@@ -209,12 +264,12 @@ def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, 
     # post: pop act(last) (in), put grad(last) (out); forward and backward at once
     s = shapes[last]
     passes.append(_Pass(last, "post", compute(s, "post") + stash_s(1, 1), rates.seconds_in(s.params * db),
-                        rates.seconds_out(s.params * db), s.params / rates.eps_elems_per_s))
+                        rates.seconds_out(s.params * db), _eps_seconds(cfg, s, rates, db, machines)))
     for i in range(last - 1, -1, -1):  # backward: pop act(i), pop grad(i+1) (in); put grad(i) (out)
         s = shapes[i]
         passes.append(_Pass(i, "bwd", compute(s, "bwd") + stash_s(1 if i else 0, 2 if i else 1),
                             rates.seconds_in(s.params * db), rates.seconds_out(s.params * db),
-                            s.params / rates.eps_elems_per_s))
+                            _eps_seconds(cfg, s, rates, db, machines)))
     return passes
 
 
@@ -366,9 +421,10 @@ def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, 
     return transient
 
 
-def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int) -> dict:
+def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int,
+            machines: Machines = Machines()) -> dict:
     """The step on the link's timelines, and again with a free link: what the transfers add."""
-    passes = pass_schedule(cfg, shapes, rates, db)
+    passes = pass_schedule(cfg, shapes, rates, db, machines)
     timed = _simulate(passes)
     no_link = _simulate([replace(p, weights_in_s=0.0, grad_out_s=0.0) for p in passes])
     transfer_s = sum(p.weights_in_s + p.grad_out_s for p in passes)
@@ -377,15 +433,20 @@ def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: in
             "hidden_share": 1.0 if transfer_s == 0 else max(0.0, 1.0 - exposed / transfer_s)}
 
 
-def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -> Prediction:
-    """Predict one steady-state relay step of ``cfg`` on a machine with ``rates``."""
+def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
+            machines: Machines = Machines()) -> Prediction:
+    """Predict one steady-state relay step of ``cfg`` on a machine with ``rates`` (on each of
+    ``machines``: its host memory, and the step with the EPS's collectives)."""
     cfg = with_model_shape(cfg)
     if cfg.batch_size % cfg.micro_batches:
         raise UserError(f"--micro-batches {cfg.micro_batches} does not divide --batch-size {cfg.batch_size}")
     db = dtype_bytes_of(cfg, dtype_bytes)
     shapes = layer_shapes(cfg)
-    m, b = cfg.micro_batches, cfg.batch_size // cfg.micro_batches
-    timing = _timing(cfg, shapes, rates, db)
+    if cfg.micro_batches % (machines.count * cfg.devices):
+        raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
+                        f"({machines.count} x {cfg.devices})")
+    m, b = cfg.micro_batches // machines.count, cfg.batch_size // cfg.micro_batches
+    timing = _timing(cfg, shapes, rates, db, machines)
     passes, timed, transfer_s = timing["passes"], timing["timed"], timing["transfer_s"]
     compute_s = sum(p.compute_s for p in passes)
     act_bytes = activation_bytes(cfg, shapes, db)
@@ -399,9 +460,14 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
     inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
-    host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda))
+    if machines.sharded:  # 1/R of p, m, v (whole blocks: within a block of 1/R); every copy, apart
+        host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + params * db
+    else:
+        host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda and machines.count == 1))
     host_eps = host_state + inboxes
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
+    if machines.sharded:  # the exchange's send and receive buffers of the largest layer
+        transient += 2 * cfg.devices * largest * db
     exposed_transfer = timing["transfer_exposed_s"]
     flops = 0.0
     for p in passes:
@@ -415,7 +481,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
     backward_s = {p.layer: p.compute_s for p in passes if p.kind in ("post", "bwd")}
     detail = [{"layer": s.name, "params": s.params, "forward_flops": m * s.forward_flops(b, cfg.seq_len, cfg.d_model),
                "forward_s": forward_s.get(i, 0.0), "backward_s": backward_s[i],
-               "weights_in_s": passes[i].weights_in_s, "eps_s": s.params / rates.eps_elems_per_s}
+               "weights_in_s": passes[i].weights_in_s, "eps_s": _eps_seconds(cfg, s, rates, db, machines)}
               for i, s in enumerate(shapes)]
     return Prediction(
         config={k: getattr(cfg, k) for k in ("model", "layers", "d_model", "heads", "seq_len", "batch_size",
@@ -436,7 +502,12 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None) -
         host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=ledger["host_stash"],
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
         host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient,
-        rates=rates.to_dict(), layers_detail=detail)
+        rates=rates.to_dict(), layers_detail=detail,
+        machines=machines.count, eps_layout=machines.layout if machines.count > 1 else "",
+        collective_bytes=collective_bytes(cfg, shapes, db, machines),
+        collective_s=sum(_eps_seconds(cfg, s, rates, db, machines)
+                         - _eps_seconds(cfg, s, rates, db, replace(machines, network_bytes_per_s=None))
+                         for s in shapes))
 
 
 # ---------------------------------------------------------------- choosing M

@@ -51,7 +51,13 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
     if p.stash_transfer_s:
         lines.append(f"{'  host stash copies':<26}{p.stash_transfer_s:10.3f} s   synchronous (in compute)")
     lines += [
-        f"{'  EPS updates':<26}{p.eps_update_s:10.3f} s   exposed {p.eps_exposed_s:.4f} s",
+        f"{'  EPS updates':<26}{p.eps_update_s:10.3f} s   exposed {p.eps_exposed_s:.4f} s"
+        + (f", of which collectives {p.collective_s:.3f} s" if p.machines > 1 else ""),
+    ]
+    if p.machines > 1:
+        lines.append(f"{'  machines':<26}{p.machines:10d}     EPS {p.eps_layout}; collectives move "
+                     f"{mib(p.collective_bytes)} a step, all machines; memory below is each machine's")
+    lines += [
         "",
         f"{'device memory':<26}{mib(p.device_total_bytes):>14}",
         f"{'  weights + gradients':<26}{mib(p.device_weight_bytes):>14}",
@@ -60,7 +66,9 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
         f"{'  activations (rough)':<26}{mib(p.activation_bytes):>14}   one layer's recompute, one micro-batch",
         f"{'host memory (peak RSS)':<26}{mib(p.host_total_bytes):>14}",
         f"{'  runtime':<26}{mib(p.host_runtime_bytes):>14}   torch and l2l, no model",
-        f"{'  EPS state':<26}{mib(p.host_eps_bytes):>14}   {12 + p.dtype_bytes} bytes/param and 2 layers' inboxes",
+        f"{'  EPS state':<26}{mib(p.host_eps_bytes):>14}   "
+        + (f"12/{p.machines} + {p.dtype_bytes}" if p.eps_layout == "sharded" else f"{12 + p.dtype_bytes}")
+        + " bytes/param and 2 layers' inboxes",
         f"{'  transients':<26}{mib(p.host_transient_bytes):>14}   a few layers"
         + (", and the CPU device's stash and activations" if rates.zero_copy else ""),
     ]
