@@ -23,7 +23,8 @@ What happens to each example:
   there is a run to resume; those earlier lines are not run a second time on
   their own; an ``l2l export RUN`` line likewise first runs the lines that train
   RUN); ``l2l plan`` and each
-  ``l2l bench X`` their own flags (``PLAN_SHRINK``, ``BENCH_SHRINK``). Any
+  ``l2l bench X`` their own flags (``PLAN_SHRINK``, ``BENCH_SHRINK``; an ``l2l plan``
+  that gives every rate measures nothing and runs as written). Any
   ``--out`` is redirected into ``tmp_path``: README lines naming the same
   ``--out`` share one directory; so is an ``--eps-offload`` directory.
 - a path ``./my-...`` stands for the user's own file (a checkpoint, data): the
@@ -211,8 +212,8 @@ def _command(line: str, tmp: Path) -> list[str]:
     out_dir = _out_dir(tmp, out or f"{sub}-{abs(hash(line))}")
     if sub == "train":
         extra = TRAIN_SHRINK + (RESUME_STEPS if "--resume" in words else []) + ["--out", out_dir]
-    elif sub == "plan":
-        extra = PLAN_SHRINK
+    elif sub == "plan":  # given every rate, plan measures nothing: it runs as written
+        extra = [] if all(f in words for f in ("--flops", "--link-gbps", "--eps-rate")) else PLAN_SHRINK
     elif sub == "bench":
         what = words[1] if len(words) > 1 and not words[1].startswith("-") else "relay"
         extra = BENCH_SHRINK[what] + ["--out", out_dir]
