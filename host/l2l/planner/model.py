@@ -442,7 +442,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         raise UserError(f"--micro-batches {cfg.micro_batches} does not divide --batch-size {cfg.batch_size}")
     db = dtype_bytes_of(cfg, dtype_bytes)
     shapes = layer_shapes(cfg)
-    if cfg.micro_batches % (machines.count * cfg.devices):
+    if machines.count > 1 and cfg.micro_batches % (machines.count * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({machines.count} x {cfg.devices})")
     m, b = cfg.micro_batches // machines.count, cfg.batch_size // cfg.micro_batches
@@ -463,7 +463,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     if machines.sharded:  # 1/R of p, m, v (whole blocks: within a block of 1/R); every copy, apart
         host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + params * db
     else:
-        host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda and machines.count == 1))
+        host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda))
     host_eps = host_state + inboxes
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
     if machines.sharded:  # the exchange's send and receive buffers of the largest layer
