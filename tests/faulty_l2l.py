@@ -51,30 +51,27 @@ def _kill_at_step(step: int) -> None:
     train.build_engine = build_then_arm
 
 
-def _kill_in_update(n: int) -> None:
-    from l2l.eps.offload_backend import OffloadedBackend
-    step = OffloadedBackend.step
+def _kill_at_call(cls, method: str, n: int) -> None:
+    """SIGKILL as the ``n``-th call (from 1) of ``cls.method`` in this process starts."""
+    original = getattr(cls, method)
     count = [0]
 
-    def step_or_die(self, *args, **kwargs):
+    def call_or_die(self, *args, **kwargs):
         count[0] += 1
         if count[0] == n:
             _kill()
-        return step(self, *args, **kwargs)
-    OffloadedBackend.step = step_or_die
+        return original(self, *args, **kwargs)
+    setattr(cls, method, call_or_die)
+
+
+def _kill_in_update(n: int) -> None:
+    from l2l.eps.offload_backend import OffloadedBackend
+    _kill_at_call(OffloadedBackend, "step", n)
 
 
 def _kill_in_exchange(n: int) -> None:
     from l2l.distributed import ShardCollectives
-    to_owners = ShardCollectives.to_owners
-    count = [0]
-
-    def exchange_or_die(self, *args, **kwargs):
-        count[0] += 1
-        if count[0] == n:
-            _kill()
-        return to_owners(self, *args, **kwargs)
-    ShardCollectives.to_owners = exchange_or_die
+    _kill_at_call(ShardCollectives, "to_owners", n)
 
 
 def disk_usage_reporting(free: int, usage=shutil.disk_usage):

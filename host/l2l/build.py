@@ -29,6 +29,13 @@ OFFLOAD_MACHINES = ("--eps-offload with several machines (torchrun) needs --eps-
                     "--eps-offload-copies yet (docs/disk-tier.md)")
 
 
+def check_offload_machines(cfg: TrainConfig, world: int) -> None:
+    """``--eps-offload`` under torchrun takes the sharded EPS (each machine its slices' files)
+    and keeps the device copies in memory; otherwise one line."""
+    if world > 1 and cfg.eps_offload is not None and (cfg.eps_layout != "sharded" or cfg.eps_offload_copies):
+        raise UserError(OFFLOAD_MACHINES)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,10 +99,8 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     backend = make_backend(cfg.eps, **cfg.eps_options())
     copies = None
     if cfg.eps_offload is not None:
-        if world > 1 and (cfg.eps_layout != "sharded" or cfg.eps_offload_copies):
-            backend.close()
-            raise UserError(OFFLOAD_MACHINES)
         try:
+            check_offload_machines(cfg, world)
             tier, copy_files = offload or offload_tiers(cfg, stack, uuid.uuid4().hex, rank=rank, world=world)
             if copy_files is not None:
                 copies = DiskCopies(copy_files, window=cfg.eps_offload_window)

@@ -224,41 +224,51 @@ def save_checkpoint(
     step <= ``step`` remain. ``before_commit`` runs once the new files are
     durable but not yet in place (fault-injection point for crash tests).
     """
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    step = int(step)
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    step, meta = _checked_call(step, keep, meta)
     specs = _checked_specs(tensors)
-    if not isinstance(meta, Mapping):
-        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
-    meta = dict(meta)
-    json.dumps(meta)  # fail on non-JSON meta before anything touches the disk
-
-    ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
-    if not ckpt_dir.is_dir():
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        fsync_dir(ckpt_dir.parent)
-
-    name = step_dir_name(step)
-    tmp = ckpt_dir / f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
-    os.mkdir(tmp)
+    ckpt_dir, tmp = _new_tmp(run_dir, step)
     try:
         tensor_path = tmp / TENSORS_FILE
         _write_safetensors(tensor_path, tensors, specs, metadata={"format": FORMAT_NAME, "step": str(step)})
         nbytes, digest = _hash(tensor_path, fsync=True)
-        doc = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "step": step,
-            "tensors": {
-                "file": TENSORS_FILE,
-                "bytes": nbytes,
-                "sha256": digest,
-                "count": len(tensors),
-            },
-            "meta": meta,
-        }
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    files = {"file": TENSORS_FILE, "bytes": nbytes, "sha256": digest, "count": len(tensors)}
+    return _commit(tmp, ckpt_dir, step, keep, FORMAT_VERSION, files, meta, before_commit)
+
+
+def _checked_call(step, keep, meta) -> tuple[int, dict]:
+    """``step`` and ``meta`` as a save writes them, or the error, before anything touches the disk."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+    meta = dict(meta)
+    json.dumps(meta)  # fail on non-JSON meta now
+    return int(step), meta
+
+
+def _new_tmp(run_dir: str | os.PathLike, step: int) -> tuple[Path, Path]:
+    """The run's checkpoint directory (made if missing) and a new temporary directory in it."""
+    ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
+    if not ckpt_dir.is_dir():
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        fsync_dir(ckpt_dir.parent)
+    tmp = ckpt_dir / f"{TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(tmp)
+    return ckpt_dir, tmp
+
+
+def _commit(tmp: Path, ckpt_dir: Path, step: int, keep: int, version: int, tensors: dict, meta: dict,
+            before_commit: Callable[[], None] | None = None) -> Path:
+    """Write ``meta.json`` (the tensor files' record ``tensors``) last into ``tmp``, whose tensor
+    files are durable, then make it the step's directory, name it in ``LATEST`` and prune."""
+    name = step_dir_name(step)
+    try:
+        doc = {"format": FORMAT_NAME, "version": version, "step": step, "tensors": tensors, "meta": meta}
         with open(tmp / META_FILE, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
@@ -271,14 +281,13 @@ def save_checkpoint(
     except BaseException:
         _remove_quietly(tmp)
         raise
-
     fsync_write_text(ckpt_dir / LATEST_FILE, name + "\n")
     _prune(ckpt_dir, step, keep)
     return final
 
 
 class Team(Protocol):
-    """The machines saving one checkpoint together (``l2l.distributed.Team``)."""
+    """The machines saving one checkpoint together (``l2l.distributed.ShardCollectives``)."""
     rank: int
     world: int
 
@@ -299,23 +308,9 @@ def save_sharded_checkpoint(run_dir: str | os.PathLike, step: int, pieces: Mappi
     rank 0 made; rank 0 then writes ``meta.json`` with every file's size and SHA-256 (format
     version 2), last, and commits the directory as :func:`save_checkpoint` does. A machine
     that dies leaves a ``.tmp-*`` directory, never a step. Returns the checkpoint's directory."""
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    step = int(step)
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
-    meta = dict(meta)
-    json.dumps(meta)
+    step, meta = _checked_call(step, keep, meta)
     ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
-    name = step_dir_name(step)
-    tmp_name = ""
-    if team.rank == 0:
-        if not ckpt_dir.is_dir():
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
-            fsync_dir(ckpt_dir.parent)
-        tmp_name = f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
-        os.mkdir(ckpt_dir / tmp_name)
-    tmp = ckpt_dir / team.agree_text(tmp_name)
+    tmp = ckpt_dir / team.agree_text(_new_tmp(run_dir, step)[1].name if team.rank == 0 else "")
     file = SHARD_FILE.format(rank=team.rank, world=team.world)
     named = {f"{key}@{int(starts[key])}": key for key in pieces if spec_of(pieces, key)[0] != (0,)}
     local = LazyArrays({k: spec_of(pieces, key) for k, key in named.items()}, lambda k: pieces[named[k]])
@@ -325,7 +320,7 @@ def save_sharded_checkpoint(run_dir: str | os.PathLike, step: int, pieces: Mappi
         nbytes, digest = _hash(tmp / file, fsync=True)
         report = f"{nbytes} {digest} {len(local)}"
     except OSError as exc:
-        report = f"error {one_line(exc)}"
+        report = "error " + one_line(exc).encode()[:200].decode(errors="ignore")  # a short text for the others
     reports = team.gather_text(report)
     failed = [f"machine {r}: {t[len('error '):]}" for r, t in enumerate(reports) if t.startswith("error ")]
     if failed:
@@ -334,26 +329,13 @@ def save_sharded_checkpoint(run_dir: str | os.PathLike, step: int, pieces: Mappi
         raise UserError(f"checkpoint of step {step} not written: {'; '.join(failed)}")
     if team.rank != 0:
         return ckpt_dir / team.agree_text("")
-    try:
-        shards = []
-        for r, text in enumerate(reports):
-            nbytes, digest, count = text.split()
-            shards.append({"file": SHARD_FILE.format(rank=r, world=team.world), "bytes": int(nbytes),
-                           "sha256": digest, "count": int(count)})
-        doc = {"format": FORMAT_NAME, "version": SHARDED_VERSION, "step": step,
-               "tensors": {"shards": shards, "numels": {k: int(n) for k, n in numels.items()}}, "meta": meta}
-        with open(tmp / META_FILE, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(tmp)
-        final = _move_into_place(tmp, ckpt_dir, name)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    fsync_write_text(ckpt_dir / LATEST_FILE, name + "\n")
-    _prune(ckpt_dir, step, keep)
+    shards = []
+    for r, text in enumerate(reports):
+        nbytes, digest, count = text.split()
+        shards.append({"file": SHARD_FILE.format(rank=r, world=team.world), "bytes": int(nbytes),
+                       "sha256": digest, "count": int(count)})
+    files = {"shards": shards, "numels": {k: int(n) for k, n in numels.items()}}
+    final = _commit(tmp, ckpt_dir, step, keep, SHARDED_VERSION, files, meta)
     team.agree_text(final.name)  # the others return once the step is committed
     return final
 

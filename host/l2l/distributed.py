@@ -126,23 +126,36 @@ def sum_over_machines(parts: list[float]) -> float:
     return float(sum(x for o in out for x in o.tolist()))
 
 
-def agree_text(text: str, size: int = 64) -> str:
-    """Rank 0's ``text`` (ASCII, at most ``size`` bytes) on every machine; ``text`` in one process."""
+TEXT_BYTES = 256  # the longest text the machines exchange (a run id, a directory name, a file's digest)
+
+
+def _text_tensor(text: str) -> torch.Tensor:
+    """``text`` as a fixed-size uint8 tensor (two bytes of length, then UTF-8) for a collective."""
+    data = text.encode("utf-8")
+    if len(data) > TEXT_BYTES:
+        raise ValueError(f"{len(data)} bytes of text, more than {TEXT_BYTES}")
+    t = torch.zeros(TEXT_BYTES + 2, dtype=torch.uint8)
+    t[0], t[1] = len(data) // 256, len(data) % 256
+    t[2:2 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else t[2:2]
+    return t
+
+
+def _text_of(t: torch.Tensor) -> str:
+    return bytes(t[2:2 + int(t[0]) * 256 + int(t[1])].tolist()).decode("utf-8")
+
+
+def agree_text(text: str, what: str = "agreeing on the run's id") -> str:
+    """Rank 0's ``text`` on every machine (the training loop's group); ``text`` in one process."""
     d = _CURRENT
     if d is None:
         return text
     import torch.distributed as dist
-    data = text.encode("ascii")
-    if len(data) > size:
-        raise ValueError(f"{len(data)} bytes, more than {size}")
-    t = torch.zeros(size + 1, dtype=torch.uint8)
-    t[0] = len(data)
-    t[1:1 + len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    t = _text_tensor(text)
     try:
         dist.broadcast(t, src=0, group=d.main_group)
     except RuntimeError as exc:
-        raise _lost("agreeing on the run's id", exc) from None
-    return bytes(t[1:1 + int(t[0])].tolist()).decode("ascii")
+        raise _lost(what, exc) from None
+    return _text_of(t)
 
 
 def barrier() -> None:
@@ -204,7 +217,8 @@ class ShardCollectives:
     """What a sharded EPS asks of the machines. The update path (:meth:`to_owners`,
     :meth:`all_finite`, :meth:`from_owners`) runs on the EPS worker thread, on the gradient
     group, entry by entry in the order every machine pushes them; the state path
-    (:meth:`to_root`, :meth:`gather_objects`) runs on the training loop's thread, on its group.
+    (:meth:`to_root`, :meth:`sum_f64`, the texts of a checkpoint) runs on the training loop's
+    thread, on its group.
     Each wraps a failed collective into one :class:`~l2l.errors.PeerLostError` line."""
 
     def __init__(self, d: Dist) -> None:
@@ -275,9 +289,9 @@ class ShardCollectives:
             raise _lost(f"the state of entry {entry}", exc) from None
 
     def sum_f64(self, what: str, values: np.ndarray) -> np.ndarray:
-        """``values`` (float64) summed over the machines elementwise. Used where each element
-        comes from one machine and the others give 0.0, so the sum is exact and the result
-        the same whatever the collective's order."""
+        """``values`` (float64) summed over the machines elementwise. Used where the sum is exact
+        whatever the collective's order: each element from one machine (the others give 0.0),
+        or whole numbers (byte counts)."""
         import torch.distributed as dist
         t = torch.from_numpy(np.array(values, dtype=np.float64))
         try:
@@ -288,21 +302,18 @@ class ShardCollectives:
 
     def agree_text(self, text: str) -> str:
         """Rank 0's ``text`` on every machine (:func:`agree_text`)."""
-        return agree_text(text)
+        return agree_text(text, "agreeing on a checkpoint or a digest")
 
-    def gather_text(self, text: str, size: int = 256) -> list[str]:
-        """Every machine's ``text`` (UTF-8, cut to ``size`` bytes), by rank, on every machine."""
+    def gather_text(self, text: str) -> list[str]:
+        """Every machine's ``text``, by rank, on every machine."""
         import torch.distributed as dist
-        data = text.encode("utf-8")[:size]
-        t = torch.zeros(size + 2, dtype=torch.uint8)
-        t[0], t[1] = len(data) // 256, len(data) % 256
-        t[2:2 + len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        t = _text_tensor(text)
         out = [torch.empty_like(t) for _ in range(self.world)]
         try:
             dist.all_gather(out, t, group=self._d.main_group)
         except RuntimeError as exc:
             raise _lost("a checkpoint's file list", exc) from None
-        return [bytes(o[2:2 + int(o[0]) * 256 + int(o[1])].tolist()).decode("utf-8", "replace") for o in out]
+        return [_text_of(o) for o in out]
 
 
 def shard_collectives() -> ShardCollectives | None:

@@ -19,7 +19,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import distributed
-from .build import OFFLOAD_MACHINES, build_engine, offload_tiers, resolve_device
+from .build import build_engine, check_offload_machines, offload_tiers, resolve_device
 from .config import TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
@@ -132,8 +132,7 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if world > 1:
         if cfg.engine != "l2l":
             raise UserError("torchrun with several machines needs --engine l2l")
-        if cfg.eps_offload is not None and (cfg.eps_layout != "sharded" or cfg.eps_offload_copies):
-            raise UserError(OFFLOAD_MACHINES)
+        check_offload_machines(cfg, world)
         if rank != 0:  # rank 0 speaks and writes for the run
             cfg = replace(cfg, progress=False, plot=False, plan="off")
     out = run_dir(cfg)

@@ -494,6 +494,11 @@ class EagerParamServer:
         """The same arrays, read from the backend one entry at a time as they are asked for
         (a checkpoint holds one entry's state, not a copy of all): read them before the next
         update. The pending updates are waited for now."""
+        return self._backend_state({layer: self._numel[layer] for layer in self.layers})
+
+    def _backend_state(self, lengths: dict[int, int]) -> LazyArrays:
+        """``layer{i}.p/.m/.v`` of the layers in ``lengths`` (what the backend holds of each: its
+        length), read from the backend one entry at a time, after the pending updates."""
         self.synchronize()
         last: dict[int, tuple[np.ndarray, ...]] = {}
 
@@ -504,8 +509,7 @@ class EagerParamServer:
                 last[layer] = self.backend.state_view(layer) if self._on_backend(layer) else \
                     (np.zeros(0, np.float32),) * 3
             return last[layer]["pmv".index(key[-1])]
-        specs = {f"layer{layer}.{k}": ((self._numel[layer],), np.dtype(np.float32))
-                 for layer in self.layers for k in "pmv"}
+        specs = {f"layer{layer}.{k}": ((n,), np.dtype(np.float32)) for layer, n in lengths.items() for k in "pmv"}
         return LazyArrays(specs, read)
 
     def master(self, layer: int) -> np.ndarray:

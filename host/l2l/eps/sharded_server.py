@@ -48,10 +48,10 @@ from .shards import ShardLayout
 
 class ShardedParamServer(EagerParamServer):
     def __init__(self, backend: EpsBackend, hyper, *, layout: ShardLayout, net: ShardCollectives, **kw) -> None:
-        if kw.get("all_reduce") is not None or kw.get("copies") is not None:
-            raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory")
-        kw.pop("share_masters", None)  # the masters are slices: the copy is always a separate buffer
-        super().__init__(backend, hyper, share_masters=False, **kw)
+        if {"all_reduce", "copies", "share_masters"} & kw.keys():
+            raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory, apart "
+                            "from its masters (which are slices)")
+        super().__init__(backend, hyper, **kw)
         if layout.world != net.world:
             raise ValueError(f"a layout for {layout.world} ranks on {net.world} machines")
         self.layout = layout
@@ -147,21 +147,10 @@ class ShardedParamServer(EagerParamServer):
         """This machine's part of every ``layer{i}.p/.m/.v``, read from the backend one entry at a
         time as asked for (after the pending updates), where each part starts, and every whole
         array's length: what :func:`~l2l.checkpoint.save_sharded_checkpoint` writes."""
-        self.synchronize()
-        last: dict[int, tuple[np.ndarray, ...]] = {}
-
-        def read(key: str) -> np.ndarray:
-            layer = int(key[len("layer"):key.index(".")])
-            if layer not in last:
-                last.clear()
-                last[layer] = self.backend.state_view(layer)
-            return last[layer]["pmv".index(key[-1])]
         mine = {layer: self.layout.slice_of(layer, self.rank) for layer in self.layers}
-        specs = {f"layer{layer}.{k}": ((s.numel,), np.dtype(np.float32))
-                 for layer, s in mine.items() if s.numel for k in "pmv"}
         starts = {f"layer{layer}.{k}": s.lo for layer, s in mine.items() for k in "pmv"}
         numels = {f"layer{layer}.{k}": self._numel[layer] for layer in self.layers for k in "pmv"}
-        return LazyArrays(specs, read), starts, numels
+        return self._backend_state({layer: s.numel for layer, s in mine.items() if s.numel}), starts, numels
 
     def master(self, layer: int) -> np.ndarray:
         """The entry's whole fp32 masters, on every rank: a collective, every rank calls it."""
@@ -180,9 +169,8 @@ class ShardedParamServer(EagerParamServer):
         hashes the entries as their owners send them): a collective."""
         self.synchronize()
         h = hashlib.sha256()
-        for name in sorted(f"layer{layer}.p" for layer in self.layers):
-            layer = int(name[len("layer"):-2])
-            n = self._numel[layer]
+        for layer in sorted(self.layers, key=lambda e: f"layer{e}.p"):  # weights_digest's name order
+            name, n = f"layer{layer}.p", self._numel[layer]
             part = self.backend.read_master(layer) if self._on_backend(layer) else None
             full = np.empty(n, np.float32) if self.rank == 0 else None
             if n:

@@ -157,16 +157,20 @@ def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, ma
     return sum(2 * s.params * 4 for s in shapes) * (r - 1)
 
 
-def _eps_seconds(cfg: TrainConfig, shape: LayerShape, rates: Rates, db: int, machines: Machines) -> float:
-    """One layer's time on its EPS thread: the update of this machine's part, and the
-    collectives around it (the bytes this machine sends, at its link's rate)."""
+def _collective_seconds(cfg: TrainConfig, shape: LayerShape, db: int, machines: Machines) -> float:
+    """One layer's collectives on its EPS thread: the bytes this machine sends, at its link's rate."""
     r = machines.count
     if r <= 1:
-        return shape.params / rates.eps_elems_per_s
+        return 0.0
     if machines.sharded:
-        sent = (cfg.devices * shape.params + shape.params - shape.counted_before) * db * (r - 1) / r
-        return shape.params / r / rates.eps_elems_per_s + machines.seconds(sent)
-    return shape.params / rates.eps_elems_per_s + machines.seconds(2 * shape.params * 4 * (r - 1) / r)
+        return machines.seconds((cfg.devices * shape.params + shape.params - shape.counted_before) * db * (r - 1) / r)
+    return machines.seconds(2 * shape.params * 4 * (r - 1) / r)
+
+
+def _eps_seconds(cfg: TrainConfig, shape: LayerShape, rates: Rates, db: int, machines: Machines) -> float:
+    """One layer's time on its EPS thread: the update of this machine's part, and the collectives."""
+    owned = shape.params / machines.count if machines.sharded else shape.params
+    return owned / rates.eps_elems_per_s + _collective_seconds(cfg, shape, db, machines)
 
 
 # ---------------------------------------------------------------- prediction
@@ -505,9 +509,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         rates=rates.to_dict(), layers_detail=detail,
         machines=machines.count, eps_layout=machines.layout if machines.count > 1 else "",
         collective_bytes=collective_bytes(cfg, shapes, db, machines),
-        collective_s=sum(_eps_seconds(cfg, s, rates, db, machines)
-                         - _eps_seconds(cfg, s, rates, db, replace(machines, network_bytes_per_s=None))
-                         for s in shapes))
+        collective_s=sum(_collective_seconds(cfg, s, db, machines) for s in shapes))
 
 
 # ---------------------------------------------------------------- choosing M
