@@ -122,8 +122,8 @@ CASES = {
     "fp32-eager-uneven": (3, 1, ["--steps", "3"]),
     "bf16-tied-strict-clip": (2, 2, ["--steps", "3", "--model", "hf-gpt2", "--precision", "bf16",
                                      "--overflow", "strict", "--clip-grad-norm", "0.5"]),
-    "opencl": (2, 1, ["--steps", "2", "--eps", "opencl"]),
-    "offload": (2, 1, ["--steps", "2", "--eps-offload", "{out}-eps"]),   # each rank its slices' files
+    # the OpenCL EPS, its state in files: each rank its slices' files
+    "opencl-offload": (2, 1, ["--steps", "2", "--eps", "opencl", "--eps-offload", "{out}-eps"]),
 }
 
 
