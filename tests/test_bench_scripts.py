@@ -128,3 +128,21 @@ def test_bench_offload_quick_reports_the_timeline_beside_the_ledger(tmp_path):
     for figure in ("tier throughput / the disk's own", "reads and writes at once", "read alone / beside a write",
                    "the probe's both-at-once rate", "the time the tier had I/O under way"):
         assert figure in text
+
+
+def test_bench_shard_quick_measures_each_rank_and_the_planner(tmp_path):
+    """`l2l bench shard --quick`: each rank's peak resident set (gathered from every rank, not
+    rank 0's alone) beside the planner's figure, and the sharded run's collective bytes
+    within 1% of the planner's formula."""
+    r = run_cli("bench", "shard", "--quick", "--no-capacity", "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "out" / "shard.json").read_text())
+    one, two = result["memory"]
+    assert (one["ranks"], len(one["peak_bytes"])) == (1, 1) and (two["ranks"], len(two["peak_bytes"])) == (2, 2)
+    for m in (one, two):
+        assert all(p > 50 << 20 for p in m["peak_bytes"]) and m["predicted_bytes"] > 50 << 20
+    cost = result["cost"]
+    measured = cost["sharded"]["collective_bytes_per_step"]
+    assert abs(measured - cost["planned_bytes"]) <= 0.01 * cost["planned_bytes"]
+    assert cost["replicated"]["collective_bytes_per_step"] is None   # replicated: no sharded ledger
+    assert "planner error" in (tmp_path / "out" / "shard.md").read_text()

@@ -22,7 +22,7 @@ from .errors import UserError
 from .models import LayerStack
 from .relay.engine import RelayEngine
 from .relay.parallel import DataParallelRelay
-from .relay.transport import make_transports
+from .relay.transport import gather_alloc, make_transports
 
 
 OFFLOAD_MACHINES = ("--eps-offload with several machines (torchrun) needs --eps-layout sharded, and does not take "
@@ -112,8 +112,8 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
                   host_alloc=transports[0].host_alloc)
     if world > 1 and cfg.eps_layout == "sharded":
         eps = ShardedParamServer(backend, hyper_of(cfg), layout=shard_layout(stack, world),
-                                 net=distributed.shard_collectives(),
-                                 **common)
+                                 net=distributed.shard_collectives(), gather_alloc=gather_alloc(transports),
+                                 share_masters=device.type == "cpu", **common)
     else:
         eps = EagerParamServer(backend, hyper_of(cfg), **common,
                                all_reduce=distributed.cross_machine_reduce() if world > 1 else None,

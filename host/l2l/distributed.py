@@ -9,9 +9,10 @@ machine applies the same update to the same bits. The all-reduce of one layer
 runs on the EPS thread while the relay goes on with the next layer's backward.
 
 Gloo, not NCCL: the reduced gradient lives in host memory (the EPS), so the
-collective moves host tensors. Two process groups keep the two threads apart:
+collective moves host tensors. A process group per thread keeps the threads apart:
 the EPS thread's gradient all-reduces on one, the training loop's loss sum and
-weight checksums on the other, so their collectives never interleave.
+weight checksums on another, a sharded EPS's gather of the device copies on a
+third, so their collectives never interleave.
 
 A machine that dies makes a collective on the others fail (the connection
 closes) or time out (``L2L_DIST_TIMEOUT`` seconds, default 30): they stop with
@@ -39,6 +40,7 @@ class Dist:
     world: int
     grad_group: object   # the EPS thread's collectives
     main_group: object   # the training loop's collectives
+    copy_group: object   # the sharded EPS's gather thread's collectives
     timeout_s: float
 
 
@@ -65,11 +67,12 @@ def setup() -> Dist | None:
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
         grad_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        copy_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise PeerLostError(f"could not join the {world} machines at "
                             f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: {_first_line(exc)}") from None
     _CURRENT = Dist(rank=dist.get_rank(), world=world, grad_group=grad_group,
-                    main_group=dist.group.WORLD, timeout_s=timeout_s)
+                    main_group=dist.group.WORLD, copy_group=copy_group, timeout_s=timeout_s)
     return _CURRENT
 
 
@@ -107,6 +110,21 @@ def cross_machine_reduce():
         except RuntimeError as exc:
             raise _lost(f"the gradient all-reduce of layer {layer}", exc) from None
     return all_reduce
+
+
+def each_machine(value: float, what: str) -> list[float]:
+    """Every machine's ``value``, by rank (the training loop's group); ``[value]`` in one process."""
+    d = _CURRENT
+    if d is None:
+        return [float(value)]
+    import torch.distributed as dist
+    t = torch.tensor([value], dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(d.world)]
+    try:
+        dist.all_gather(out, t, group=d.main_group)
+    except RuntimeError as exc:
+        raise _lost(what, exc) from None
+    return [float(o.item()) for o in out]
 
 
 def sum_over_machines(parts: list[float]) -> float:
@@ -215,10 +233,11 @@ def _bytes(a: np.ndarray) -> torch.Tensor:
 
 class ShardCollectives:
     """What a sharded EPS asks of the machines. The update path (:meth:`to_owners`,
-    :meth:`all_finite`, :meth:`from_owners`) runs on the EPS worker thread, on the gradient
-    group, entry by entry in the order every machine pushes them; the state path
-    (:meth:`to_root`, :meth:`sum_f64`, the texts of a checkpoint) runs on the training loop's
-    thread, on its group.
+    :meth:`all_finite`) runs on the EPS worker thread, on the gradient group, entry by entry
+    in the order every machine pushes them; the copies' :meth:`gather` on the gather thread
+    (:mod:`l2l.eps.gather`), on its group, in the relay's declared order; the state path
+    (:meth:`from_owners`, :meth:`to_root`, :meth:`sum_f64`, the texts of a checkpoint) on the
+    training loop's thread, on its group.
     Each wraps a failed collective into one :class:`~l2l.errors.PeerLostError` line."""
 
     def __init__(self, d: Dist) -> None:
@@ -230,7 +249,8 @@ class ShardCollectives:
         to that owner: returns the (world, C, len) rows of this machine's columns, by sender."""
         import torch.distributed as dist
         c = rows.shape[0]
-        send = np.concatenate([rows[:, lo:hi].reshape(-1) for lo, hi in bounds]) if c else rows.reshape(-1)
+        # grouped by owner: one row is that already (the slices are in rank order), several are not
+        send = rows.reshape(-1) if c <= 1 else np.concatenate([rows[:, lo:hi].reshape(-1) for lo, hi in bounds])
         lo, hi = bounds[self.rank]
         recv = np.empty((self.world, c, hi - lo), rows.dtype)
         size = rows.dtype.itemsize * c
@@ -254,20 +274,24 @@ class ShardCollectives:
             raise _lost(f"the finite flag of entry {entry}", exc) from None
         return bool(t.item())
 
-    def from_owners(self, entry: int, full: np.ndarray, bounds: list[tuple[int, int]], *, main: bool = False) -> None:
+    def gather(self, entry: int, full: np.ndarray, bounds: list[tuple[int, int]]) -> None:
         """``full[lo:hi]`` from the owner of each slice to every machine, in place (each owner
-        wrote its own slice). ``main``: on the training loop's group (state reads)."""
+        wrote its own slice): the device copies, on the gather thread's group."""
+        self._broadcasts(self._d.copy_group, f"the weights of entry {entry}", full, bounds)
+
+    def from_owners(self, entry: int, full: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+        """As :meth:`gather`, on the training loop's group (state reads: masters, digests)."""
+        self._broadcasts(self._d.main_group, f"the state of entry {entry}", full, bounds)
+
+    @staticmethod
+    def _broadcasts(group, what: str, full: np.ndarray, bounds: list[tuple[int, int]]) -> None:
         import torch.distributed as dist
-        group = self._d.main_group if main else self._d.grad_group
-        if not main:
-            lo, hi = bounds[self.rank]
-            self.sent_bytes += (hi - lo) * full.dtype.itemsize * (self.world - 1)
         try:
             for src, (lo, hi) in enumerate(bounds):
                 if hi > lo:
                     dist.broadcast(_bytes(full[lo:hi]), src=src, group=group)
         except RuntimeError as exc:
-            raise _lost(f"the weights of entry {entry}", exc) from None
+            raise _lost(what, exc) from None
 
     def to_root(self, entry: int, part: np.ndarray | None, full: np.ndarray | None,
                 bounds: list[tuple[int, int]]) -> None:

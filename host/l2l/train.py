@@ -58,6 +58,7 @@ class RunSummary:
     machines_weights_sha256: list | None = None  # torchrun: each machine's master-weight digest, last check
     collective_bytes_per_step: float | None = None  # sharded EPS: bytes the machines' collectives moved
     weights_sha256: str | None = None  # torchrun: SHA-256 of the final fp32 masters (weights_digest)
+    machines_host_peak_bytes: list | None = None  # torchrun: each machine's peak resident set (VmHWM), by rank
     # --eps-offload: the disk tier's ledger of its own I/O over the whole run (build, steps,
     # evaluations, checkpoints): read/write bytes and seconds inside its calls, in total and
     # for "state" and "copies" (their per-entry read and write counts too); docs/disk-tier.md
@@ -302,9 +303,12 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     # under torchrun: the final masters' digest, equal for any number of machines (and to
     # distributed.weights_digest of the last checkpoint's tensors, which a one-process run has)
     summary.weights_sha256 = digests[0] if digests else None
+    if world > 1:
+        summary.machines_host_peak_bytes = [int(x) for x in distributed.each_machine(
+            summary.host_peak_bytes or 0, "the machines' peak memory")]
     if sharded(engine) and cfg.steps > start:  # what the machines sent each other a step, all together
-        net = engine.eps.net
-        summary.collective_bytes_per_step = float(net.sum_f64("the byte count", [net.sent_bytes])[0]) / (cfg.steps - start)
+        eps = engine.eps
+        summary.collective_bytes_per_step = float(eps.net.sum_f64("the byte count", [eps.sent_bytes])[0]) / (cfg.steps - start)
     if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
         summary.eps_disk = engine.eps.disk_io()
         summary.eps_disk_at_start = disk_at_start

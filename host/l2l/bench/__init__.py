@@ -5,14 +5,16 @@ memory roofline), memory (device memory against depth and M, ledger and audit),
 workers (1, 2, 4 relay workers on one EPS), load (host memory of loading a
 Hugging Face checkpoint into the EPS, and two training steps after it), host (peak
 resident set of whole training runs against the planner's host figure), offload (the EPS disk tier under a memory limit: peak
-resident set against the state, its disk throughput against the disk's), suite (eps, relay and memory, with the
+resident set against the state, its disk throughput against the disk's), shard (the EPS
+across machines: each rank's peak resident set at R = 1, 2, 4, capacity under a limit per
+rank, the sharded step's cost against replicated), suite (eps, relay and memory, with the
 headline figures, and ``docs/results.md`` regenerated).
 """
 from __future__ import annotations
 
 from ..errors import UserError
 
-BENCHMARKS = ("relay", "eps", "memory", "workers", "load", "host", "offload", "suite")
+BENCHMARKS = ("relay", "eps", "memory", "workers", "load", "host", "offload", "shard", "suite")
 
 
 def run_bench(what: str, argv: list[str]) -> int:
@@ -37,6 +39,9 @@ def run_bench(what: str, argv: list[str]) -> int:
     elif what == "offload":
         from .offload import run_offload_bench
         return run_offload_bench(argv)
+    elif what == "shard":
+        from .shard import run_shard_bench
+        return run_shard_bench(argv)
     elif what == "suite":
         from .suite import run_suite
         return run_suite(argv)

@@ -71,11 +71,11 @@ class MemoryLimit:
     """A memory cgroup with a limit, for one child process: v2 where the unified hierarchy
     has the memory controller, else v1. ``how`` says which; ``None`` limit: none made."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, name: str | None = None) -> None:
         self.limit, self.path, self.how, self.procs = limit, None, "none", None
         if limit is None:
             return
-        name = f"l2l-bench-offload-{os.getpid()}"
+        name = name or f"l2l-bench-offload-{os.getpid()}"
         v2 = Path("/sys/fs/cgroup")
         v1 = Path("/sys/fs/cgroup/memory")
         errors = []
@@ -98,7 +98,7 @@ class MemoryLimit:
                 continue
             self.path, self.how, self.procs = path, how, path / "cgroup.procs"
             return
-        raise UserError("l2l bench offload: cannot make a memory limit (" + "; ".join(errors) + ")")
+        raise UserError("l2l bench: cannot make a memory limit (" + "; ".join(errors) + ")")
 
     def enter(self) -> None:
         """In the child, before exec: join the cgroup."""

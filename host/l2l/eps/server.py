@@ -38,6 +38,7 @@ from .contract import AdamWHyper, StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 from .shards import BLOCK
 
+INBOX_WAIT_S = 0.2  # how often a caller waiting for an inbox looks for an update's error
 HISTORY_STEPS = 4  # update records kept: this many steps' worth (one record per layer and step)
 
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
@@ -105,6 +106,8 @@ class EagerParamServer:
         self._arrived: dict[int, dict[int, Callable[[], None] | None]] = {}
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
+        self._inbox_returned = threading.Condition(self._lock)
+        self.inbox_limit: int | None = None  # blocks in flight at most (a caller waits); None: no limit
         self._error: BaseException | None = None
         self._error_told = False  # poll() has raised it to a caller
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eps-update")
@@ -138,9 +141,13 @@ class EagerParamServer:
                 return
             if self.share_masters and self.copy_dtype == np.float32:
                 shared = self.backend.master_as_copy(layer)
-        self._copies[layer] = shared if shared is not None else self._alloc(p.shape[0], self.copy_dtype)
+        self._copies[layer] = shared if shared is not None else self._alloc(self._copy_numel(layer), self.copy_dtype)
         if shared is None:
             self._fill_copy(layer, p)
+
+    def _copy_numel(self, layer: int) -> int:
+        """The elements of the layer's device copy this EPS keeps: all (a sharded EPS: its slice's)."""
+        return self._numel[layer]
 
     def _local(self, layer: int, a: np.ndarray) -> np.ndarray:
         """The part of an entry-long array this EPS keeps: all of it (a sharded EPS: its slice)."""
@@ -181,8 +188,15 @@ class EagerParamServer:
         return self._contributors[layer]
 
     # ----------------------------------------------------------- traffic
-    def fetch(self, layer: int) -> np.ndarray:
-        """The layer's device copy, once its pending update (if any) is done."""
+    def declare_route(self, worker: int, route: list[int], *, train: bool, consumers: int) -> None:
+        """``worker`` will fetch the entries of ``route`` next, in that order (a training step
+        when ``train``, which ``consumers`` workers run; an evaluation, one). A server holding
+        every copy has nothing to prepare; a sharded one gathers them ahead
+        (:mod:`l2l.eps.gather`)."""
+
+    def fetch(self, layer: int, worker: int = 0) -> np.ndarray:
+        """The layer's device copy, once its pending update (if any) is done (``worker``: the
+        one fetching, on its declared route)."""
         self._wait(layer)
         if self._on_disk(layer):
             return self.copies.fetch(layer)
@@ -197,9 +211,20 @@ class EagerParamServer:
         layer is in flight: it is taken when the first contributor asks and handed
         back, for the next layer of its shape, once the layer's update has read it
         (held steps keep theirs until the commit). So the inboxes cost a few layers,
-        not 4 bytes a parameter, as long as the updates keep up with the relay.
+        not 4 bytes a parameter, as long as the updates keep up with the relay; with
+        :attr:`inbox_limit` set, a caller waits rather than let more blocks be in flight.
         """
+        return self._inbox(layer, wait=True)[contributor]
+
+    def _inbox(self, layer: int, *, wait: bool) -> np.ndarray:
+        """The layer's (contributors, n) block, taken now if it is not in flight yet; ``wait``:
+        for a block to come back first when :attr:`inbox_limit` are out (never on the EPS
+        thread, which is what gives them back)."""
         with self._lock:  # K workers ask at once: one block per layer
+            while wait and layer not in self._inboxes and self.inbox_limit and len(self._inboxes) >= self.inbox_limit:
+                if self._error is not None:  # no update will hand one back
+                    break
+                self._inbox_returned.wait(INBOX_WAIT_S)
             if layer not in self._inboxes:
                 shape = (self._contributors[layer], self._numel[layer])
                 spare = self._free_inboxes.get(shape)
@@ -208,7 +233,7 @@ class EagerParamServer:
                 else:
                     self._inboxes[layer] = self._alloc(shape[0] * shape[1], self.grad_dtype).reshape(shape)
                     self.inbox_blocks += 1
-            return self._inboxes[layer][contributor]
+            return self._inboxes[layer]
 
     def _return_inbox(self, layer: int) -> None:
         """The layer's update has read its gradients: its block serves the next layer of its shape."""
@@ -216,6 +241,7 @@ class EagerParamServer:
             block = self._inboxes.pop(layer, None)
             if block is not None:
                 self._free_inboxes.setdefault(block.shape, []).append(block)
+                self._inbox_returned.notify_all()
 
     def push_gradient(self, layer: int, contributor: int = 0, *, divisor: float,
                       loss_scale: float = 1.0, ready: Callable[[], None] | None = None) -> None:
@@ -459,8 +485,7 @@ class EagerParamServer:
         """The layer's contributions as the backend takes them: the (K, n) inbox; across
         machines, the box's sum (contract order, unscaled, so inf and NaN carry through)
         all-reduced over the machines, as one contribution."""
-        self.gradient_inbox(layer)  # allocated even if no contributor asked for it
-        inbox = self._inboxes[layer]
+        inbox = self._inbox(layer, wait=False)  # allocated even if no contributor asked for it
         if self.all_reduce is None:
             return inbox
         g = np.empty((1, inbox.shape[1]), np.float32)

@@ -32,6 +32,7 @@ from the pieces, so a run resumes at any R.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -39,24 +40,39 @@ import numpy as np
 from ..checkpoint import LazyArrays
 from ..distributed import ShardCollectives
 from ..errors import UserError
+from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .contract import StepScalars
-from .numerics import device_copy, reduce_gradients
-from .server import EagerParamServer, block_sumsqs
+from .gather import GATHER_WINDOW, WAIT_S, CopyGather
+from .numerics import reduce_gradients
+from .server import EagerParamServer, HostAlloc, UpdateRecord, block_sumsqs
+
+INBOX_LIMIT = 3  # gradient blocks in flight on a machine, at most (EagerParamServer.inbox_limit)
 from .shards import ShardLayout
 
 
 class ShardedParamServer(EagerParamServer):
-    def __init__(self, backend: EpsBackend, hyper, *, layout: ShardLayout, net: ShardCollectives, **kw) -> None:
-        if {"all_reduce", "copies", "share_masters"} & kw.keys():
-            raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory, apart "
-                            "from its masters (which are slices)")
+    def __init__(self, backend: EpsBackend, hyper, *, layout: ShardLayout, net: ShardCollectives,
+                 gather_alloc: HostAlloc = aligned_empty, window: int = GATHER_WINDOW, **kw) -> None:
+        """``gather_alloc`` allocates the gathered copies (pinned on CUDA; they are not kept)."""
+        if {"all_reduce", "copies"} & kw.keys():
+            raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory")
         super().__init__(backend, hyper, **kw)
         if layout.world != net.world:
             raise ValueError(f"a layout for {layout.world} ranks on {net.world} machines")
         self.layout = layout
         self.net = net
         self.rank = net.rank
+        self._settled: dict[int, int] = {}  # updates of each entry applied or skipped, in this process
+        self._settling = threading.Condition()
+        self._closing = False
+        # the layer each worker fills, a tied entry's (filled from the post to the pre stage),
+        # one updating: the EPS thread waits for the other machines, the relay need not run ahead
+        self.inbox_limit = INBOX_LIMIT
+        self.copies_gather = CopyGather(
+            numels=self._numel, dtype=self.copy_dtype, rank=self.rank, local=self._copies.__getitem__,
+            bounds=self._bounds, gather=net.gather, wait_settled=self._wait_settled, check=self.poll,
+            alloc=gather_alloc, window=window)
 
     # ----------------------------------------------------------- where things are
     def _bounds(self, layer: int) -> list[tuple[int, int]]:
@@ -65,24 +81,59 @@ class ShardedParamServer(EagerParamServer):
     def _on_backend(self, layer: int) -> bool:
         return self.layout.slice_of(layer, self.rank).numel > 0
 
+    def _copy_numel(self, layer: int) -> int:
+        return self.layout.slice_of(layer, self.rank).numel
+
     def _local(self, layer: int, a: np.ndarray) -> np.ndarray:
         s = self.layout.slice_of(layer, self.rank)
         return np.ascontiguousarray(np.asarray(a)[s.lo:s.hi], dtype=np.float32)
-
-    def _fill_copy(self, layer: int, p: np.ndarray) -> None:
-        device_copy(np.asarray(p, dtype=np.float32), self._copies[layer])  # every rank has the whole ``p`` here
 
     def add_layer(self, layer: int, p: np.ndarray, users: int = 1) -> None:
         if layer not in self.layout.numels or self.layout.numels[layer] != np.asarray(p).size:
             raise ValueError(f"entry {layer} of {np.asarray(p).size} elements is not in the shard layout")
         super().add_layer(layer, p, users)
+        self._settled[layer] = 0
+
+    # ----------------------------------------------------------- copies
+    def declare_route(self, worker: int, route: list[int], *, train: bool, consumers: int) -> None:
+        self.copies_gather.declare(worker, route, train=train, consumers=consumers)
+
+    def fetch(self, layer: int, worker: int = 0) -> np.ndarray:
+        """The layer's whole device copy, gathered from its owners (:mod:`l2l.eps.gather`)."""
+        self.poll()
+        return self.copies_gather.fetch(worker, layer)
+
+    @property
+    def sent_bytes(self) -> int:
+        """What this machine handed its collectives for the others in training steps: the
+        gradients to their owners, its slices of the copies the relay fetched."""
+        return self.net.sent_bytes + self.copies_gather.sent_bytes
+
+    def _record(self, record: UpdateRecord) -> None:
+        super()._record(record)
+        with self._settling:
+            self._settled[record.layer] += 1
+            self._settling.notify_all()
+
+    def _wait_settled(self, layer: int, updates: int) -> None:
+        """Until ``updates`` updates of the entry are settled (the gather thread's wait)."""
+        with self._settling:
+            while self._settled[layer] < updates:
+                if self._error is not None or self._closing:
+                    raise RuntimeError(f"entry {layer}: the EPS stopped before its update")
+                self._settling.wait(WAIT_S)
+
+    def close(self) -> None:
+        with self._settling:
+            self._closing = True
+        self.copies_gather.close()
+        super().close()
 
     # ----------------------------------------------------------- updates
     def _fold(self, layer: int, inv_scale: np.float32) -> tuple[np.ndarray, bool]:
         """This rank's slice of the reduced gradient (the contributions of every machine, in
         the contract's order, times ``inv_scale``) and its finite flag."""
-        self.gradient_inbox(layer)  # allocated even if no contributor asked for it
-        recv = self.net.to_owners(layer, self._inboxes[layer], self._bounds(layer))
+        recv = self.net.to_owners(layer, self._inbox(layer, wait=False), self._bounds(layer))
         k = self.contributors
         users = self._contributors[layer] // k
         rows = [recv[r, u * k + j] for u in range(users) for r in range(self.layout.world) for j in range(k)]
@@ -98,15 +149,12 @@ class ShardedParamServer(EagerParamServer):
         if summed is not None:  # a committed held step: checked finite on every rank
             finite = True
             if mine.numel:
-                finite = self.backend.step(layer, [summed], scalars, self._copies[layer][mine.lo:mine.hi])
+                finite = self.backend.step(layer, [summed], scalars, self._copies[layer])
         else:
             g, local = self._fold(layer, scalars.inv_scale)
             finite = self.net.all_finite(layer, local)
             if finite and mine.numel:  # g is already scaled: times 1.0 is exact
-                self.backend.step(layer, [g], replace(scalars, inv_scale=np.float32(1.0)),
-                                  self._copies[layer][mine.lo:mine.hi])
-        if finite:
-            self.net.from_owners(layer, self._copies[layer], self._bounds(layer))
+                self.backend.step(layer, [g], replace(scalars, inv_scale=np.float32(1.0)), self._copies[layer])
         return finite
 
     def _held_check(self, layer: int, inv_scale: np.float32) -> tuple[bool, list[float]]:
@@ -114,6 +162,7 @@ class ShardedParamServer(EagerParamServer):
             return True, []
         summed, _ = self._fold(layer, np.float32(1.0))  # the unscaled fold; the commit scales it
         self._summed[layer] = summed
+        self._return_inbox(layer)  # the slice is all the commit needs
         g = np.empty_like(summed)
         finite = reduce_gradients([summed], inv_scale, g) if g.size else True
         return finite, block_sumsqs(g) if finite else []
@@ -161,7 +210,7 @@ class ShardedParamServer(EagerParamServer):
             s = self.layout.slice_of(layer, self.rank)
             full[s.lo:s.hi] = self.backend.read_master(layer)
         if n:
-            self.net.from_owners(layer, full, self._bounds(layer), main=True)
+            self.net.from_owners(layer, full, self._bounds(layer))
         return full
 
     def masters_digest(self) -> str:

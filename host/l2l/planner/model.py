@@ -139,20 +139,32 @@ class Machines:
         return 0.0 if self.network_bytes_per_s is None else nbytes / self.network_bytes_per_s
 
 
-def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
+def copy_fetches(i: int, last: int, on_cuda: bool) -> int:
+    """How often a training step fetches layer ``i``'s weights (``RelayEngine._train_route``):
+    forward and backward, the post stage once; on CUDA the layer before the post stays on the
+    device for the backward."""
+    if i == last:
+        return 1
+    return 1 if on_cuda and i == last - 1 and i > 0 else 2
+
+
+def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines,
+                     on_cuda: bool = False) -> int:
     """Bytes all machines together send to each other in one step, to the EPS's collectives.
 
     Sharded: each layer's raw gradient rows (``cfg.devices`` per machine, one per worker;
     a tied entry's once per using layer) go to their owners, all but a machine's own
-    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices; then each entry's new
-    device copy goes from each owner to the R - 1 others: ``n * db * (R - 1)``. Replicated:
-    a ring all-reduce of each layer's fp32 box sum, ``2 * p * 4 * (R - 1)`` over the machines."""
+    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices; then at each fetch of a
+    layer (:func:`copy_fetches`) its copy is gathered from the owners of its slices:
+    ``p * db * (R - 1)``. Replicated: a ring all-reduce of each layer's fp32 box sum,
+    ``2 * p * 4 * (R - 1)`` over the machines."""
     r = machines.count
     if r <= 1:
         return 0
     if machines.sharded:
+        last = len(shapes) - 1
         grads = sum(cfg.devices * s.params * db for s in shapes)
-        copies = sum((s.params - s.counted_before) * db for s in shapes)
+        copies = sum(copy_fetches(i, last, on_cuda) * s.params * db for i, s in enumerate(shapes))
         return (grads + copies) * (r - 1)
     return sum(2 * s.params * 4 for s in shapes) * (r - 1)
 
@@ -508,7 +520,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient,
         rates=rates.to_dict(), layers_detail=detail,
         machines=machines.count, eps_layout=machines.layout if machines.count > 1 else "",
-        collective_bytes=collective_bytes(cfg, shapes, db, machines),
+        collective_bytes=collective_bytes(cfg, shapes, db, machines, on_cuda),
         collective_s=sum(_collective_seconds(cfg, s, db, machines) for s in shapes))
 
 

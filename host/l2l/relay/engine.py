@@ -106,11 +106,13 @@ class RelayEngine:
         self.rng_lock = rng_lock
         self._history_seen = 0
         self.layers = stack.layers
-        for e in range(stack.num_entries):
-            if e not in eps.layers:
-                eps.add_layer(e, stack.initial_weights(e), users=stack.entry_users(e))
         self.parts = [stack.parts(i) for i in range(len(self.layers))]
-        self.bindings = [WeightBinding(layer.module, device) for layer in self.layers]
+        self.bindings = []
+        for i, layer in enumerate(self.layers):  # the model's weights leave it a layer at a time
+            for e, _, _ in self.parts[i]:
+                if e not in eps.layers:
+                    eps.add_layer(e, stack.initial_weights(e), users=stack.entry_users(e))
+            self.bindings.append(WeightBinding(layer.module, device))
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
         self._recorder = Recorder(device)
@@ -124,7 +126,7 @@ class RelayEngine:
         """Start uploading layer ``i``'s weights (asynchronous transports only); the
         device buffers are booked as ``weights_prefetch`` until :meth:`_fetch` takes them."""
         if 0 <= i < len(self.layers) and i not in self._prefetched and self.transport.asynchronous:
-            pending = [self.transport.upload(self.eps.fetch(e)) for e, _, _ in self.parts[i]]
+            pending = [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
             self._prefetched[i] = pending
             self.ledger.add("weights_prefetch", sum(p.nbytes for p in pending))
 
@@ -136,11 +138,26 @@ class RelayEngine:
         if pending is not None:
             self.ledger.sub("weights_prefetch", sum(p.nbytes for p in pending))
         else:
-            pending = [self.transport.upload(self.eps.fetch(e)) for e, _, _ in self.parts[i]]
+            pending = [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
         parts = [(e, user, layout, p.wait()) for (e, user, layout), p in zip(self.parts[i], pending)]
         fetched = _FetchedLayer(self.layers[i], self.bindings[i], parts)
         self.ledger.add("weights", sum(_nbytes(w) for *_, w in parts))
         return fetched
+
+    def _keeps_resident(self, i: int) -> bool:
+        """Whether the forward keeps layer ``i`` on the device for the backward, which starts
+        with it right after the post stage (an asynchronous transport, a model with blocks)."""
+        return i == len(self.layers) - 2 and i > 0 and self.transport.asynchronous
+
+    def _route(self, layers) -> list[int]:
+        """The EPS entries fetched for ``layers``, in order."""
+        return [e for i in layers for e, _, _ in self.parts[i]]
+
+    def _train_route(self) -> list[int]:
+        """The entries a training step fetches, in the order it fetches them (declared to the
+        EPS, which may prepare them ahead): forward and post, then backward."""
+        last = len(self.layers) - 1
+        return self._route([*range(last + 1), *(i for i in range(last - 1, -1, -1) if not self._keeps_resident(i))])
 
     def _release(self, fetched: _FetchedLayer) -> None:
         self.ledger.sub("weights", sum(_nbytes(w) for *_, w in fetched.parts))
@@ -241,6 +258,7 @@ class RelayEngine:
         multiplier = scale / divisor
         mbs = self._split(batch)
         last = len(self.layers) - 1
+        self.eps.declare_route(self.contributor, self._train_route(), train=True, consumers=self.eps.contributors)
         store = self._store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
                                             schedule=_stash_schedule(last, len(mbs)))
 
@@ -261,8 +279,8 @@ class RelayEngine:
                         store.put(("act", i + 1, j), y)
                         self.ledger.sub("boundary", held)
                         del x, y
-                if i == last - 1 and i > 0 and self.transport.asynchronous:
-                    self._resident[i] = layer  # backward starts with it right after the post stage
+                if self._keeps_resident(i):
+                    self._resident[i] = layer
                 else:
                     self._release(layer)
                 del layer  # released: no local keeps its weights alive
@@ -344,6 +362,9 @@ class RelayEngine:
         self.stack.train(False)
         try:
             total, count = 0.0, 0
+            # one worker evaluates (a data-parallel relay's first)
+            self.eps.declare_route(self.contributor, self._route(range(len(self.layers))) * len(batches),
+                                   train=False, consumers=1)
             for batch in batches:
                 mbs = self._split(batch)
                 xs = [tokens for tokens, _ in mbs]

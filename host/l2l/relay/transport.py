@@ -29,6 +29,7 @@ the consumer after the copy (a stream wait on CUDA, a join on the CPU).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import defaultdict
 from typing import Callable
 
@@ -160,6 +161,38 @@ class HostPool:
             self._free[(tuple(buf.shape), buf.dtype)].append((buf, done))
 
 
+class LentBuffers:
+    """Host buffers handed out and taken back without being told: the sharded EPS's gathered
+    copies on CUDA (``l2l.eps.gather``), whose pinned allocations are slow and stay registered.
+
+    A buffer is reused once the array lent for it is dead (the relay dropped it after queuing
+    its upload: the upload reads the pinned tensor behind it, not the array) and ``fence()``
+    has returned (the queued uploads have run)."""
+
+    def __init__(self, alloc: Callable[[int, np.dtype], np.ndarray], fence: Callable[[], None]) -> None:
+        self._alloc, self._fence = alloc, fence
+        self._buffers: dict[tuple[int, str], list[tuple[np.ndarray, weakref.ref]]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self.allocated = 0
+
+    def __call__(self, n: int, dtype: np.dtype) -> np.ndarray:
+        key = (n, np.dtype(dtype).str)
+        with self._lock:
+            mine = self._buffers[key]
+            i = next((i for i, (_, lent) in enumerate(mine) if lent() is None), None)
+            if i is None:
+                buf = self._alloc(n, dtype)
+                self.allocated += 1
+            else:
+                buf = mine.pop(i)[0]
+        if i is not None:
+            self._fence()
+        lent = buf.view()
+        with self._lock:
+            self._buffers[key].append((buf, weakref.ref(lent)))
+        return lent
+
+
 class CudaTransport:
     """The transport on a GPU: four side streams, all ordered by events, none by the CPU.
 
@@ -240,6 +273,10 @@ class CudaTransport:
     def upload(self, host: np.ndarray) -> PendingTensor:
         return self._copy_in(self.copy_in, self._pinned_tensor(host))
 
+    def uploads_done(self) -> None:
+        """Block until every upload queued so far has run (a host buffer may be written again)."""
+        self.copy_in.synchronize()
+
     def gradient_buffer(self, inbox: np.ndarray) -> torch.Tensor:
         return torch.zeros(inbox.shape[0], dtype=TORCH_DTYPES[inbox.dtype], device=self.device)
 
@@ -264,6 +301,16 @@ class CudaTransport:
 def make_transport(device: torch.device, pinned: PinnedRegistry | None = None):
     """CUDA streams on a GPU, zero-copy on the CPU."""
     return CudaTransport(device, pinned=pinned) if device.type == "cuda" else CpuTransport(device)
+
+
+def gather_alloc(transports: list) -> Callable[[int, np.dtype], np.ndarray]:
+    """How a sharded EPS allocates the copies it gathers for these workers: on the CPU a new
+    array each time, given back to the system as soon as the relay lets go of the layer (its
+    weights are views of it); on CUDA pinned buffers, reused after the uploads that read them
+    (:class:`LentBuffers`)."""
+    if not transports[0].asynchronous:
+        return transports[0].host_alloc
+    return LentBuffers(transports[0].host_alloc, lambda: [t.uploads_done() for t in transports])
 
 
 def make_transports(devices: list[torch.device]) -> list:
