@@ -29,6 +29,24 @@ def test_each_machine_holds_its_share_of_the_eps_state():
     assert four["machines"] == 4 and four["eps_layout"] == "sharded"
 
 
+
+GPU = ["--link-gbps", "25", "--flops", "4e14", "--precision", "bf16"]  # CUDA-rate plans: a link, a GPU's rate
+
+
+def test_k_gpus_split_each_pass():
+    """K GPUs each run M/(R*K) of a pass's micro-batches at the GPU's rate: K = 2 halves the
+    compute at the same M; the FLOPs (the machine's) stay. On the CPU the K workers share
+    the cores the rate was measured on: the same compute."""
+    one, two = _plan(*GPU), _plan("--devices", "2", *GPU)
+    assert two["compute_s"] == pytest.approx(one["compute_s"] / 2, rel=1e-9)
+    assert two["flops"] == one["flops"] > 0
+    assert two["device_ledger_bytes"] < one["device_ledger_bytes"]  # each GPU stashes its 8 micro-batches, not 16
+    cpu_one, cpu_two = _plan(), _plan("--devices", "2")
+    assert cpu_two["compute_s"] == pytest.approx(cpu_one["compute_s"], rel=1e-9)
+    machines = _plan("--machines", "2", "--devices", "2", *GPU)   # 16 micro-batches over 4 GPUs
+    assert machines["compute_s"] == pytest.approx(one["compute_s"] / 4, rel=1e-9)
+    assert machines["flops"] == pytest.approx(one["flops"] / 2, rel=1e-9)
+
 def test_the_network_is_in_the_step():
     free, slow = _plan("--machines", "2"), _plan("--machines", "2", "--network-gbps", "0.01")
     assert free["collective_bytes"] == slow["collective_bytes"] > 0

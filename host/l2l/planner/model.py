@@ -240,11 +240,28 @@ class _Pass:
     eps_s: float         # its layer's update (post and bwd)
 
 
+def serial_micro_batches(cfg: TrainConfig, rates: Rates, machines: Machines = Machines()) -> int:
+    """How many of a pass's micro-batches run one after another at ``rates.flops_per_s``.
+
+    A machine runs ``M / R`` micro-batches of each pass, split over its K workers
+    (``--devices``). On CUDA each worker has a GPU of its own and ``flops_per_s`` is one
+    GPU's rate (``measure_matmul`` times one device; ``--flops`` gives one), so the K
+    shares run side by side and a pass lasts one worker's ``M / (R * K)``. On the CPU the
+    K workers are threads on the same cores, and ``flops_per_s`` was measured with torch's
+    threads on all of them: it is the box's rate, which K workers share, not multiply.
+    There a pass lasts the machine's ``M / R`` at that rate, as with one worker; how well
+    K workers fill the cores (``l2l bench workers``: 1.28x for two on two cores) is in the
+    efficiency that :func:`calibrate` fits on relay steps with ``cfg.devices`` workers."""
+    m = cfg.micro_batches // machines.count
+    return m if rates.zero_copy else m // cfg.devices  # zero-copy: the planner's CPU device
+
+
 def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int,
                   machines: Machines = Machines()) -> list[_Pass]:
-    """The relay's passes in order, with their compute and link times (engine.train_step);
-    with several machines each runs ``cfg.micro_batches / R`` of them."""
-    m = cfg.micro_batches // machines.count
+    """The relay's passes in order, with their compute and link times (engine.train_step):
+    the compute of :func:`serial_micro_batches`, the transfers of one worker (each GPU
+    has a link of its own)."""
+    m = serial_micro_batches(cfg, rates, machines)
     b = cfg.batch_size // cfg.micro_batches
     rate = rates.flops_per_s * rates.efficiency
     act = b * cfg.seq_len * cfg.d_model * db  # one micro-batch's boundary tensor
@@ -304,12 +321,13 @@ def _simulate(passes: list[_Pass]) -> dict:
     return {"device_end": device_end, "eps_end": eps_end, "step": max(device_end, eps_end)}
 
 
-def _ledger(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) -> dict:
+def _ledger(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines = Machines()) -> dict:
     """Replay the relay's ledger calls (engine.train_step, stash.BoundaryStore) and
-    return its peaks: the device bytes the relay holds across layer boundaries.
-    On the CPU device this is exactly ``device_peak_bytes``."""
-    m = cfg.micro_batches
-    act = (cfg.batch_size // m) * cfg.seq_len * cfg.d_model * db
+    return its peaks: the device bytes one worker holds across layer boundaries, over
+    its ``M / (R * K)`` micro-batches. On the CPU device this is exactly
+    ``device_peak_bytes`` (with K workers, their largest)."""
+    m = cfg.micro_batches // (machines.count * cfg.devices)
+    act = (cfg.batch_size // cfg.micro_batches) * cfg.seq_len * cfg.d_model * db
     stash_kind = "stash" if cfg.stash == "device" else "host_stash"
     cur = {"weights": 0, "grads": 0, "boundary": 0, "stash": 0, "host_stash": 0}
     peak = {"device": 0, "weights": 0, "host_stash": 0}
@@ -414,14 +432,14 @@ def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, 
     dtype, per worker); the NumPy EPS reduces the contributions into one fp32 buffer
     of the largest layer before it updates (unless there is one contribution and no
     loss scale: then the inbox is the reduced gradient, widened a chunk at a time). On the CPU
-    device the device's memory is host memory: the relay's stash and boundaries (its
+    device the device's memory is host memory: each worker's stash and boundaries (its
     ledger, less the weights and gradients, which are the EPS's own arrays there) and one
-    layer's activations."""
+    layer's activations, K times (the workers run at once)."""
     transient = largest * 4 + largest * db * cfg.devices
     if cfg.devices > 1 or cfg.precision == "fp16":  # fp16 has a loss scale: bf16 and fp32 one worker, none
         transient += largest * 4
     if not on_cuda:
-        transient += ledger["device"] - ledger["weights"] + act_bytes
+        transient += cfg.devices * (ledger["device"] - ledger["weights"] + act_bytes)
     return transient
 
 
@@ -446,15 +464,15 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         raise UserError(f"--micro-batches {cfg.micro_batches} does not divide --batch-size {cfg.batch_size}")
     db = dtype_bytes_of(cfg, dtype_bytes)
     shapes = layer_shapes(cfg)
-    if machines.count > 1 and cfg.micro_batches % (machines.count * cfg.devices):
+    if cfg.micro_batches % (machines.count * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({machines.count} x {cfg.devices})")
-    m, b = cfg.micro_batches // machines.count, cfg.batch_size // cfg.micro_batches
+    m, b = cfg.micro_batches // machines.count, cfg.batch_size // cfg.micro_batches  # this machine's M
     timing = _timing(cfg, shapes, rates, db, machines)
     passes, timed, transfer_s = timing["passes"], timing["timed"], timing["transfer_s"]
     compute_s = sum(p.compute_s for p in passes)
     act_bytes = activation_bytes(cfg, shapes, db)
-    ledger = _ledger(cfg, shapes, db)
+    ledger = _ledger(cfg, shapes, db, machines)
     on_cuda = not rates.zero_copy
     weights = _weights_peak_prefetch(shapes, db) if on_cuda else ledger["weights"]
     # the ledger counts weights at fetch; with prefetch the next layer's are also resident
@@ -479,7 +497,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     stash_s = 0.0
     if on_cuda and cfg.stash == "host":
         # the per-pass stash copies are inside compute_s; separate them for the report
-        pure = pass_schedule(replace(cfg, stash="device"), shapes, rates, db)
+        pure = pass_schedule(replace(cfg, stash="device"), shapes, rates, db, machines)
         stash_s = compute_s - sum(p.compute_s for p in pure)
     forward_s = {p.layer: p.compute_s for p in passes if p.kind == "fwd"}
     backward_s = {p.layer: p.compute_s for p in passes if p.kind in ("post", "bwd")}
@@ -489,7 +507,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
               for i, s in enumerate(shapes)]
     return Prediction(
         config={k: getattr(cfg, k) for k in ("model", "layers", "d_model", "heads", "seq_len", "batch_size",
-                                             "micro_batches", "stash")},
+                                             "micro_batches", "stash", "devices")},
         dtype_bytes=db, params=params, layer_params=[s.params for s in shapes],
         tokens=cfg.batch_size * cfg.seq_len, flops=flops,
         step_s=timed["step"], compute_s=compute_s,
@@ -546,8 +564,9 @@ def choose_micro_batches(cfg: TrainConfig, rates: Rates, *, device_memory_bytes:
     """
     db = dtype_bytes_of(cfg, dtype_bytes)
     shapes = layer_shapes(cfg)
+    k = cfg.devices  # the K workers split the micro-batches evenly: M a multiple of K
     rows = []
-    for m in divisors(cfg.batch_size):
+    for m in [m for m in divisors(cfg.batch_size) if m % k == 0]:
         p = predict(replace(cfg, micro_batches=m), rates, dtype_bytes=db)
         fits = device_memory_bytes is None or p.device_total_bytes <= device_memory_bytes
         rows.append({"micro_batches": m, "step_s": p.step_s, "hidden_share": p.transfer_hidden_share,
@@ -567,18 +586,18 @@ def choose_micro_batches(cfg: TrainConfig, rates: Rates, *, device_memory_bytes:
     m0 = fitting[0]["micro_batches"]
     per = cfg.batch_size // m0
 
-    def hides(k: int) -> bool:  # k micro-batches of ``per`` sequences per step
-        return _exposed_share(_timing(replace(cfg, batch_size=k * per, micro_batches=k), shapes, rates, db)) \
-            <= max_exposed
+    def hides(j: int) -> bool:  # j * K micro-batches of ``per`` sequences per step
+        return _exposed_share(_timing(replace(cfg, batch_size=j * k * per, micro_batches=j * k), shapes, rates,
+                                      db)) <= max_exposed
 
-    need, lo, hi = None, m0, 2 * m0
-    while hi <= 1 << 24 and not hides(hi):  # the exposed share falls as the compute per fetch grows
+    need, lo, hi = None, m0 // k, 2 * m0 // k
+    while hi * k <= 1 << 24 and not hides(hi):  # the exposed share falls as the compute per fetch grows
         lo, hi = hi, hi * 2
-    if hi <= 1 << 24:
+    if hi * k <= 1 << 24:
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if hides(mid) else (mid, hi)
-        need = hi * per
+        need = hi * k * per
     why = (f"no M hides the link at batch {cfg.batch_size} (waits > {max_exposed:.0%} of the step): a layer's "
            "compute is shorter than its transfer" +
            (f"; a batch of {need} sequences ({need // per} micro-batches of {per}) would" if need

@@ -31,7 +31,9 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
     lines = [
         (f"l2l plan: {c['model']}, {c['layers']} blocks, d {c['d_model']}, {c['heads']} heads, seq {c['seq_len']}, "
          f"batch {c['batch_size']} as {c['micro_batches']} micro-batches of {b}, stash {c['stash']}, "
-         f"{p.dtype_bytes} bytes/element"),
+         f"{p.dtype_bytes} bytes/element"
+         + (f", {c['devices']} workers" if c.get("devices", 1) > 1 else "")
+         + (f", {p.machines} machines" if p.machines > 1 else "")),
         f"parameters: {p.params:,} (pre {lp[0]:,}, block {max(lp[1:-1]):,}, post {lp[-1]:,})",
         "rates: compute " + _si(rates.flops_per_s, "FLOP/s") + f" matmul x {rates.efficiency:.2f} efficiency"
         + (f" + {rates.per_call_s * 1e6:.0f} µs per call" if rates.per_call_s else "")
@@ -41,8 +43,10 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
            + ("; calibrated on relay steps" if "calibration" in rates.notes else "") + ")"
            if rates.notes.get("measured") else ""),
         "",
-        f"{'step time':<26}{p.step_s:10.3f} s   {p.tokens_per_s:,.0f} tok/s, "
-        + _si(p.flops, "FLOP") + " per step, " + _si(p.achieved_flops_per_s, "FLOP/s") + " achieved",
+        f"{'step time':<26}{p.step_s:10.3f} s   {p.tokens_per_s:,.0f} tok/s"
+        + (" (all machines), " if p.machines > 1 else ", ") + _si(p.flops, "FLOP")
+        + (" a machine" if p.machines > 1 else "") + " per step, " + _si(p.achieved_flops_per_s, "FLOP/s")
+        + " achieved" + _per_gpu(p, rates),
         (f"{'  compute':<26}{p.compute_s:10.3f} s   forward {p.forward_s:.3f}, post {p.post_s:.3f}, "
          f"recompute+backward {p.backward_s:.3f}"),
         f"{'  link (weights, grads)':<26}{p.transfer_s:10.3f} s   {p.transfer_hidden_share:.0%} hidden, "
@@ -81,3 +85,11 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
             lines.append(f"{r['micro_batches']:>5} {r['step_s']:>9.3f} {r['hidden_share']:>7.0%} {r['exposed_share']:>6.1%} "
                          f"{mib(r['device_total_bytes']):>12} {'yes' if r['fits'] else 'no':>5}")
     return "\n".join(lines)
+
+
+def _per_gpu(p: Prediction, rates: Rates) -> str:
+    """K GPUs: the achieved rate of one, against its ``--flops`` (the CPU's workers share one rate)."""
+    k = p.config.get("devices", 1)
+    if rates.zero_copy or k == 1:
+        return ""
+    return f", {_si(p.achieved_flops_per_s / k, 'FLOP/s')} a GPU"
