@@ -41,6 +41,13 @@ The model, in short (each term is stated where it is computed):
   is out, and runs ``numel / eps_rate`` seconds, in order. The next step needs
   layer 0 first, whose update is queued last, so what the worker has not
   finished when the backward ends is exposed; the rest hides under backward.
+* **Workers and machines** (:class:`Machines`). R machines under torchrun run M/R
+  micro-batches each, split over K workers (:func:`serial_micro_batches`: K GPUs
+  side by side, K CPU workers on shared cores). The sharded EPS updates 1/R of each
+  layer after its gradients' exchange (on the EPS thread, at the network's rate) and
+  gathers each fetch's whole copy from the owners on a thread of its own, at most
+  ``GATHER_WINDOW`` layers ahead of the relay; what the gathers add to the step is
+  ``gather_exposed_s``.
 
 Accuracy on the project's 2-core CPU (torch 2.13, 2 threads, quiet machine),
 gpt d 256, 4 heads, seq 128, batch 16, the ``l2l bench relay`` grid (2-16
@@ -57,6 +64,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from ..config import TrainConfig
+from ..eps.gather import GATHER_WINDOW
 from ..errors import UserError
 from .shapes import EPS_STATE_BYTES, INBOXES_IN_FLIGHT, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
@@ -144,26 +152,65 @@ def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, ma
 
     Sharded: each layer's raw gradient rows (``cfg.devices`` per machine, one per worker;
     a tied entry's once per using layer) go to their owners, all but a machine's own
-    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices; then each entry's new
-    device copy goes from each owner to the R - 1 others: ``n * db * (R - 1)``. Replicated:
+    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices (:func:`exchange_bytes`);
+    then each entry's new device copy goes from each owner to the R - 1 others:
+    ``n * db * (R - 1)``, once an update, as the sharded EPS books it (the copies' gathers
+    ahead of the relay move that once per fetch instead: :func:`gather_bytes`). Replicated:
     a ring all-reduce of each layer's fp32 box sum, ``2 * p * 4 * (R - 1)`` over the machines."""
     r = machines.count
     if r <= 1:
         return 0
     if machines.sharded:
-        grads = sum(cfg.devices * s.params * db for s in shapes)
         copies = sum((s.params - s.counted_before) * db for s in shapes)
-        return (grads + copies) * (r - 1)
+        return exchange_bytes(cfg, shapes, db, machines) + copies * (r - 1)
     return sum(2 * s.params * 4 for s in shapes) * (r - 1)
 
 
+def exchange_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
+    """Of :func:`collective_bytes`, the gradients' part: ``K * p * db * (R - 1)`` a layer when
+    sharded, the all-reduce when replicated (all of it)."""
+    r = machines.count
+    if r <= 1:
+        return 0
+    if machines.sharded:
+        return sum(cfg.devices * s.params * db for s in shapes) * (r - 1)
+    return collective_bytes(cfg, shapes, db, machines)
+
+
+def _gather_seconds(shape: LayerShape, db: int, machines: Machines) -> float:
+    """One fetch's gather of a layer's device copy (sharded): R broadcasts, one from each
+    owner of a slice; each machine receives all but its own, ``(R - 1) / R * n * db``."""
+    r = machines.count
+    return machines.seconds((r - 1) / r * shape.params * db) if machines.sharded else 0.0
+
+
+def gather_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
+    """Bytes all machines together send each other in one step to gather the sharded EPS's
+    device copies: ``n * db * (R - 1)`` per fetch of a layer, and the relay fetches each
+    layer twice a step (forward, backward) but the last, once (the post stage). The window
+    (``GATHER_WINDOW`` entries) is too short to keep a forward's copy for the backward."""
+    r = machines.count
+    if not machines.sharded:
+        return 0
+    return sum(shapes[layer].params * db for layer, _ in _fetches(len(shapes))) * (r - 1)
+
+
+def _fetches(n_layers: int) -> list[tuple[int, str]]:
+    """(layer, pass kind) of every fetch of a step, in the relay's order."""
+    kinds = pass_kinds(n_layers)
+    order = list(range(n_layers - 1)) + [n_layers - 1] + list(range(n_layers - 2, -1, -1))
+    return list(zip(order, kinds))
+
+
 def _collective_seconds(cfg: TrainConfig, shape: LayerShape, db: int, machines: Machines) -> float:
-    """One layer's collectives on its EPS thread: the bytes this machine sends, at its link's rate."""
+    """One layer's collectives on its EPS thread, the bytes this machine sends at its link's
+    rate: sharded, the gradients' exchange (the copies are gathered on a thread of their
+    own: :func:`_gather_seconds`); replicated, the all-reduce."""
     r = machines.count
     if r <= 1:
         return 0.0
     if machines.sharded:
-        return machines.seconds((cfg.devices * shape.params + shape.params - shape.counted_before) * db * (r - 1) / r)
+        return machines.seconds(cfg.devices * shape.params * db * (r - 1) / r)
     return machines.seconds(2 * shape.params * 4 * (r - 1) / r)
 
 
@@ -206,12 +253,18 @@ class Prediction:
     host_runtime_bytes: int      # the process before any model: torch and l2l imported
     host_transient_bytes: int    # a few layers' worth: build, gradient temporaries, reduction;
     #                              on the CPU device also the device's own memory (stash, activations)
-    host_total_bytes: int        # the process's peak resident set: the four above
+    host_total_bytes: int        # the process's peak resident set: the four above, and the gathered copies
     rates: dict
     machines: int = 1            # under torchrun: the host figures are each machine's
     eps_layout: str = "sharded"
     collective_bytes: int = 0    # all machines together send this to the EPS's collectives a step
-    collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives
+    #                              (the sharded EPS's books: gradients, and each updated copy once)
+    exchange_bytes: int = 0      # of which the gradients' (sharded; replicated: all of it)
+    collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives (its gradients')
+    gather_bytes: int = 0        # sharded: all machines together send this a step to gather the copies
+    gather_s: float = 0.0        # one machine's gather thread, busy a step
+    gather_exposed_s: float = 0.0  # what the gathers add to the step
+    host_gather_bytes: int = 0   # sharded: the gathered copies' window, and those the workers hold
     layers_detail: list[dict] = field(default_factory=list)
 
     @property
@@ -237,7 +290,9 @@ class _Pass:
     compute_s: float
     weights_in_s: float  # this pass's weight fetch over the link
     grad_out_s: float    # its gradient's way back (post and bwd)
-    eps_s: float         # its layer's update (post and bwd)
+    eps_s: float         # its layer's update (post and bwd), collectives included
+    net_s: float = 0.0   # of eps_s, the collectives: on the network
+    gather_s: float = 0.0  # the sharded EPS: gathering the copy this pass fetches, on the network
 
 
 def serial_micro_batches(cfg: TrainConfig, rates: Rates, machines: Machines = Machines()) -> int:
@@ -278,47 +333,62 @@ def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, 
         # --stash host copies each boundary synchronously, on the compute stream
         return m * (rates.seconds_out(n_out * act) + rates.seconds_in(n_in * act)) if stash_moves else 0.0
 
+    def network(s: LayerShape) -> dict:
+        return {"net_s": _collective_seconds(cfg, s, db, machines), "gather_s": _gather_seconds(s, db, machines)}
+
     passes = []
     for i in range(last):  # forward: put act(i+1) (out); get act(i) (in) for i >= 1
         passes.append(_Pass(i, "fwd", compute(shapes[i], "fwd") + stash_s(1, 1 if i else 0),
-                            rates.seconds_in(shapes[i].params * db), 0.0, 0.0))
+                            rates.seconds_in(shapes[i].params * db), 0.0, 0.0,
+                            gather_s=_gather_seconds(shapes[i], db, machines)))
     # post: pop act(last) (in), put grad(last) (out); forward and backward at once
     s = shapes[last]
     passes.append(_Pass(last, "post", compute(s, "post") + stash_s(1, 1), rates.seconds_in(s.params * db),
-                        rates.seconds_out(s.params * db), _eps_seconds(cfg, s, rates, db, machines)))
+                        rates.seconds_out(s.params * db), _eps_seconds(cfg, s, rates, db, machines), **network(s)))
     for i in range(last - 1, -1, -1):  # backward: pop act(i), pop grad(i+1) (in); put grad(i) (out)
         s = shapes[i]
         passes.append(_Pass(i, "bwd", compute(s, "bwd") + stash_s(1 if i else 0, 2 if i else 1),
                             rates.seconds_in(s.params * db), rates.seconds_out(s.params * db),
-                            _eps_seconds(cfg, s, rates, db, machines)))
+                            _eps_seconds(cfg, s, rates, db, machines), **network(s)))
     return passes
 
 
-def _simulate(passes: list[_Pass]) -> dict:
-    """Replay one steady-state step on four timelines: the copy stream (weights in),
-    the compute stream, the gradient stream (out) and the EPS worker.
+def _simulate(passes: list[_Pass], window: int = GATHER_WINDOW) -> dict:
+    """Replay one steady-state step on six timelines: the copy stream (weights in),
+    the compute stream, the gradient stream (out), the EPS worker, the gather thread
+    (the sharded EPS's copies) and the network.
 
     The relay fetches pass p's weights right after fetching pass p-1's, so the
     copy waits for the compute queued before pass p-1 (the double buffer):
-    ``copy_p`` starts at ``max(copy_{p-1} end, compute_{p-2} end)``. A pass
-    computes once its weights are in and the previous pass is done. A gradient
-    goes out after its pass, one at a time; the EPS updates a layer once its
-    gradient is out, one layer at a time, in order. The step ends when the
-    device is done and the EPS has finished layer 0 (the next step's first
-    fetch waits for it).
+    ``copy_p`` starts at ``max(copy_{p-1} end, compute_{p-2} end)``, and, sharded,
+    once pass p's copy is gathered. A gather starts when the one before it is done
+    and the window has room: at most ``window`` gathered copies wait for the relay,
+    so pass p's starts once pass ``p - window``'s was fetched. A pass computes once
+    its weights are in and the previous pass is done. A gradient goes out after its
+    pass, one at a time; the EPS updates a layer once its gradient is out, one layer
+    at a time, in order. The step ends when the device is done and the EPS has
+    finished layer 0 (the next step's first fetch waits for it, and its gather too:
+    the step's first gather is exposed whole). The gathers and the EPS's collectives
+    share the machine's link, which no timeline here slows; the step is at least the
+    sum of their network seconds, so a step bound by the network is not predicted short.
     """
-    copy_end = comp_end = out_end = eps_end = 0.0
+    copy_end = comp_end = out_end = eps_end = gather_end = 0.0
     comp_ends: list[float] = []
+    fetched: list[float] = []
     for p, ps in enumerate(passes):
+        gather_end = max(gather_end, fetched[p - window] if p >= window else 0.0) + ps.gather_s
         issued_after = comp_ends[p - 2] if p >= 2 else 0.0
-        copy_end = max(copy_end, issued_after) + ps.weights_in_s
+        fetched.append(max(copy_end, issued_after, gather_end))
+        copy_end = fetched[p] + ps.weights_in_s
         comp_end = max(comp_end, copy_end) + ps.compute_s
         comp_ends.append(comp_end)
         if ps.kind != "fwd":
             out_end = max(out_end, comp_end) + ps.grad_out_s
             eps_end = max(eps_end, out_end) + ps.eps_s
     device_end = max(comp_end, out_end)
-    return {"device_end": device_end, "eps_end": eps_end, "step": max(device_end, eps_end)}
+    network = sum(ps.net_s + ps.gather_s for ps in passes)
+    return {"device_end": device_end, "eps_end": eps_end, "gather_end": gather_end, "network": network,
+            "step": max(device_end, eps_end, network)}
 
 
 def _ledger(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines = Machines()) -> dict:
@@ -421,6 +491,14 @@ def device_copy_bytes(cfg: TrainConfig, db: int, on_cuda: bool) -> int:
     return 0 if shared else db
 
 
+def gathered_copy_bytes(cfg: TrainConfig, largest: int, db: int, on_cuda: bool) -> int:
+    """Host bytes of the sharded EPS's whole copies, gathered from their owners: at most
+    ``GATHER_WINDOW`` waiting for the relay, one each of the K workers computes with, and on
+    CUDA one more a worker, the next layer's, on its way to the GPU. Each counted at the
+    largest layer's size (its entries together: a tied embedding is gathered with it)."""
+    return (GATHER_WINDOW + cfg.devices * (2 if on_cuda else 1)) * largest * db
+
+
 def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, act_bytes: int,
                          on_cuda: bool) -> int:
     """Host memory beyond the EPS state that a few layers set, at the step's peak.
@@ -445,14 +523,20 @@ def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, 
 
 def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int,
             machines: Machines = Machines()) -> dict:
-    """The step on the link's timelines, and again with a free link: what the transfers add."""
+    """The step on the link's timelines, and again with a free link: what the transfers add;
+    and again with free gathers: what the sharded EPS's gathers add."""
     passes = pass_schedule(cfg, shapes, rates, db, machines)
     timed = _simulate(passes)
     no_link = _simulate([replace(p, weights_in_s=0.0, grad_out_s=0.0) for p in passes])
     transfer_s = sum(p.weights_in_s + p.grad_out_s for p in passes)
     exposed = max(0.0, timed["device_end"] - no_link["device_end"])
+    gather_s = sum(p.gather_s for p in passes)
+    gather_exposed = 0.0
+    if gather_s:
+        gather_exposed = max(0.0, timed["step"] - _simulate([replace(p, gather_s=0.0) for p in passes])["step"])
     return {"passes": passes, "timed": timed, "transfer_s": transfer_s, "transfer_exposed_s": exposed,
-            "hidden_share": 1.0 if transfer_s == 0 else max(0.0, 1.0 - exposed / transfer_s)}
+            "hidden_share": 1.0 if transfer_s == 0 else max(0.0, 1.0 - exposed / transfer_s),
+            "gather_s": gather_s, "gather_exposed_s": gather_exposed}
 
 
 def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
@@ -482,10 +566,13 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
     inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
-    if machines.sharded:  # 1/R of p, m, v (whole blocks: within a block of 1/R); every copy, apart
-        host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + params * db
+    copy = device_copy_bytes(cfg, db, on_cuda)
+    host_gather = 0
+    if machines.sharded:  # 1/R of p, m, v and of the copies (whole blocks: within a block of 1/R)
+        host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + math.ceil(params * copy / machines.count)
+        host_gather = gathered_copy_bytes(cfg, largest, db, on_cuda)
     else:
-        host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda))
+        host_state = params * (EPS_STATE_BYTES + copy)
     host_eps = host_state + inboxes
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
     if machines.sharded:  # the exchange's send and receive buffers of the largest layer
@@ -523,11 +610,15 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
         host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=ledger["host_stash"],
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
-        host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient,
+        host_gather_bytes=host_gather,
+        host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient + host_gather,
         rates=rates.to_dict(), layers_detail=detail,
         machines=machines.count, eps_layout=machines.layout if machines.count > 1 else "",
         collective_bytes=collective_bytes(cfg, shapes, db, machines),
-        collective_s=sum(_collective_seconds(cfg, s, db, machines) for s in shapes))
+        exchange_bytes=exchange_bytes(cfg, shapes, db, machines),
+        collective_s=sum(_collective_seconds(cfg, s, db, machines) for s in shapes),
+        gather_bytes=gather_bytes(cfg, shapes, db, machines), gather_s=timing["gather_s"],
+        gather_exposed_s=timing["gather_exposed_s"])
 
 
 # ---------------------------------------------------------------- choosing M
