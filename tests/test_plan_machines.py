@@ -114,3 +114,17 @@ def test_the_window_lets_a_long_gather_start_early():
     assert _simulate(passes, window=2)["step"] == pytest.approx(7.0)
     assert _simulate(passes, window=1)["step"] == pytest.approx(7.5)
 
+
+def test_train_forecasts_one_of_its_machines():
+    """``l2l train --plan`` under torchrun forecasts its machine: of 2, sharded, it holds half
+    of p, m, v (on the CPU in fp32 the copy's slice is the masters' own)."""
+    import torch
+
+    from l2l.config import TrainConfig
+    from l2l.planner import Rates, predict
+    from l2l.planner.forecast import forecast
+    cfg = TrainConfig(layers=2, d_model=64, heads=2, seq_len=16, batch_size=4, micro_batches=4, steps=1,
+                      device="cpu")
+    params = predict(cfg, Rates(flops_per_s=1e9)).params
+    one, two = (forecast(cfg, torch.device("cpu"), "quick", world=w) for w in (1, 2))
+    assert one.host_state_bytes == 12 * params and two.host_state_bytes == 6 * params

@@ -126,7 +126,7 @@ def _machines_of(args, cfg: TrainConfig) -> Machines:
     if cfg.micro_batches % (args.machines * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of --machines x --devices "
                         f"({args.machines} x {cfg.devices})")
-    return Machines(args.machines, None if args.network_gbps is None else args.network_gbps * 1e9, cfg.eps_layout)
+    return Machines.of(cfg, args.machines, args.network_gbps)
 
 
 def _disk_rates_of(args, cfg: TrainConfig) -> DiskRates:

@@ -146,6 +146,12 @@ class Machines:
     def seconds(self, nbytes: float) -> float:
         return 0.0 if self.network_bytes_per_s is None else nbytes / self.network_bytes_per_s
 
+    @classmethod
+    def of(cls, cfg: TrainConfig, count: int, network_gbps: float | None = None) -> Machines:
+        """``count`` machines of ``cfg``'s EPS layout (``l2l plan --machines``; ``l2l train``'s
+        forecast under torchrun, whose network is not known: free)."""
+        return cls(count, None if network_gbps is None else network_gbps * 1e9, cfg.eps_layout)
+
 
 def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
     """Bytes all machines together send to each other in one step, to the EPS's collectives.
