@@ -56,6 +56,9 @@ def test_k_gpus_split_each_pass():
     assert two["compute_s"] == pytest.approx(one["compute_s"] / 2, rel=1e-9)
     assert two["flops"] == one["flops"] > 0
     assert two["device_ledger_bytes"] < one["device_ledger_bytes"]  # each GPU stashes its 8 micro-batches, not 16
+    # --stash host: each GPU's stash is half as long, and both are in this machine's memory
+    host_one, host_two = _plan("--stash", "host", *GPU), _plan("--stash", "host", "--devices", "2", *GPU)
+    assert host_two["host_stash_bytes"] == host_one["host_stash_bytes"] > 0
     cpu_one, cpu_two = _plan(), _plan("--devices", "2")
     assert cpu_two["compute_s"] == pytest.approx(cpu_one["compute_s"], rel=1e-9)
     machines = _plan("--machines", "2", "--devices", "2", *GPU)   # 16 micro-batches over 4 GPUs

@@ -580,6 +580,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     else:
         host_state = params * (EPS_STATE_BYTES + copy)
     host_eps = host_state + inboxes
+    host_stash = cfg.devices * ledger["host_stash"]  # --stash host: every worker's, in this machine's memory
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
     if machines.sharded:  # the exchange's send and receive buffers of the largest layer
         transient += 2 * cfg.devices * largest * db
@@ -614,10 +615,10 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         eps_exposed_s=max(0.0, timed["eps_end"] - timed["device_end"]),
         device_weight_bytes=weights, device_ledger_bytes=device_ledger,
         activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
-        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=ledger["host_stash"],
+        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=host_stash,
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
         host_gather_bytes=host_gather,
-        host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient + host_gather,
+        host_total_bytes=rates.runtime_bytes + host_eps + host_stash + transient + host_gather,
         rates=rates.to_dict(), layers_detail=detail,
         machines=machines.count, eps_layout=machines.layout if machines.count > 1 else "",
         collective_bytes=collective_bytes(cfg, shapes, db, machines),
