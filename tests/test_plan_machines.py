@@ -131,3 +131,31 @@ def test_train_forecasts_one_of_its_machines():
     params = predict(cfg, Rates(flops_per_s=1e9)).params
     one, two = (forecast(cfg, torch.device("cpu"), "quick", world=w) for w in (1, 2))
     assert one.host_state_bytes == 12 * params and two.host_state_bytes == 6 * params
+
+
+@pytest.mark.slow  # about a minute and a half on the project's 2-core machine
+def test_the_scale_out_page_is_what_l2l_plan_prints(tmp_path):
+    """docs/scale-out.md's tables are bench/scale_out.py's, and a row is the `l2l plan` command
+    the script records for it."""
+    import shlex
+    import sys
+
+    from conftest import ROOT, run_python
+    page = tmp_path / "page.md"
+    page.write_text((ROOT / "docs" / "scale-out.md").read_text())
+    r = run_python("bench/scale_out.py", "--out", str(tmp_path), "--results", str(page), cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert page.read_text() == (ROOT / "docs" / "scale-out.md").read_text()
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import scale_out
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    scale_out.write_shapes(tmp_path)
+    row = next(r for r in json.loads((tmp_path / "scale_out.json").read_text())
+               if (r["model"], r["machines"], r["network_gbits"]) == ("70B", 2, 400))
+    plan = run_cli(*shlex.split(row["command"])[1:], "--json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    got, want = json.loads(plan.stdout)["prediction"], row["prediction"]
+    assert got["step_s"] == pytest.approx(want["step_s"], rel=1e-9)
+    assert got["host_total_bytes"] - got["host_runtime_bytes"] == want["host_total_bytes"] - want["host_runtime_bytes"]
