@@ -188,7 +188,7 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     # under torchrun the others would wait on rank 0's calibration: plan only when asked.
     # With --eps-offload the host figure is the disk model's (planner/forecast.py)
     plan_mode = cfg.plan_mode if world == 1 or cfg.plan else "off"
-    plan = forecast(cfg, device, plan_mode) \
+    plan = forecast(cfg, device, plan_mode, world) \
         if saved is None or saved.step < cfg.steps else None
     distributed.barrier()
     engine = build_engine(cfg, stack, device, rank=rank, world=world, offload=offload)

@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
                                                   "--eps-offload-copies", "--eps-layout")])
     p.add_argument("--dtype-bytes", type=int, default=None,
                    help="bytes per weight/gradient/activation element (default: what --precision computes in)")
-    p.add_argument("--flops", type=float, default=None, help="device compute rate, FLOP/s (default: measured)")
+    p.add_argument("--flops", type=float, default=None,
+                   help="device compute rate, FLOP/s: one GPU's, each of --devices has its own; the CPU's is the "
+                        "box's, which its --devices workers share (default: measured)")
     p.add_argument("--link-gbps", type=float, default=None,
                    help="host<->device bandwidth, GB/s (default: measured; 0 or inf: zero-copy)")
     p.add_argument("--eps-rate", type=float, default=None, help="EPS update rate, elements/s (default: measured)")
@@ -124,7 +126,7 @@ def _machines_of(args, cfg: TrainConfig) -> Machines:
     if cfg.micro_batches % (args.machines * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of --machines x --devices "
                         f"({args.machines} x {cfg.devices})")
-    return Machines(args.machines, None if args.network_gbps is None else args.network_gbps * 1e9, cfg.eps_layout)
+    return Machines.of(cfg, args.machines, args.network_gbps)
 
 
 def _disk_rates_of(args, cfg: TrainConfig) -> DiskRates:

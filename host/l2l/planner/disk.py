@@ -23,6 +23,7 @@ does not count that, so it errs on the exposed side.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import tempfile
@@ -104,12 +105,20 @@ def copy_window_bytes(numels: dict[int, int], window: int, itemsize: int) -> int
     return (2 * window + 5) * max(lay.file_bytes(n) for n in numels.values())
 
 
+def state_in_memory_bytes(p: Prediction) -> int:
+    """The p, m, v the prediction holds in memory: all of them, or a sharded EPS's 1/R."""
+    if p.eps_layout == "sharded" and p.machines > 1:
+        return math.ceil(EPS_STATE_BYTES * p.params / p.machines)
+    return EPS_STATE_BYTES * p.params
+
+
 def host_bytes_with_tier(p: Prediction, numels: dict[int, int], window: int, copies: bool = False) -> int:
     """The prediction's host peak with the state on disk: less p, m, v, plus the window; with
-    ``copies`` (``--eps-offload-copies``) less the device copies too, plus their window."""
-    host = p.host_total_bytes - EPS_STATE_BYTES * p.params + window_bytes(numels, window)
+    ``copies`` (``--eps-offload-copies``) less the device copies too, plus their window.
+    Sharded over machines, a machine's window is counted at whole entries (an upper bound)."""
+    host = p.host_total_bytes - state_in_memory_bytes(p) + window_bytes(numels, window)
     if copies:
-        copy_bytes = p.host_state_bytes - EPS_STATE_BYTES * p.params  # the prediction's copies, all of them
+        copy_bytes = p.host_state_bytes - state_in_memory_bytes(p)  # the prediction's copies, all of them
         itemsize = round(copy_bytes / p.params) if p.params else 4
         host += copy_window_bytes(numels, window, itemsize) - copy_bytes
     return host

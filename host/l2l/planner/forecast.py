@@ -29,9 +29,8 @@ import torch
 from ..config import TrainConfig
 from ..hostmem import memory_status
 from .measure import calibrate, calibration_micro_batches, measure_rates
-from .disk import entry_numels, host_bytes_with_tier
-from .model import predict
-from .shapes import EPS_STATE_BYTES
+from .disk import entry_numels, host_bytes_with_tier, state_in_memory_bytes
+from .model import Machines, predict
 from .report import summary_line
 
 CALIBRATION_SHARE = 0.05  # auto calibrates when that costs at most this share of the run,
@@ -67,11 +66,14 @@ class Forecast:
         return line, record
 
 
-def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | None:
-    """The planner's prediction for ``cfg`` on ``device`` (None for the plain engine or mode off);
-    call it before building the model: the host figure starts from what the process holds."""
+def forecast(cfg: TrainConfig, device: torch.device, mode: str, world: int = 1) -> Forecast | None:
+    """The planner's prediction for ``cfg`` on ``device`` (None for the plain engine or mode off),
+    for one of ``world`` machines under torchrun (its share of the batch and of a sharded EPS;
+    the network free: the rates measured here know nothing of it); call it before building
+    the model: the host figure starts from what the process holds."""
     if mode == "off" or cfg.engine != "l2l":
         return None
+    machines = Machines.of(cfg, world)
     runtime = memory_status().get("VmRSS")  # called before the model: the run's fixed host cost
     in_memory = replace(cfg, eps_offload=None, eps_offload_copies=False)  # what the measurements run
     rates = measure_rates(device, in_memory, calibrate_steps=False)
@@ -79,15 +81,15 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str) -> Forecast | No
         rates = replace(rates, runtime_bytes=runtime)
     calibrated = mode == "calibrated"
     if mode == "auto":
-        budget = max(CALIBRATION_FREE_S, CALIBRATION_SHARE * predict(cfg, rates).step_s * cfg.steps)
+        budget = max(CALIBRATION_FREE_S, CALIBRATION_SHARE * predict(cfg, rates, machines=machines).step_s * cfg.steps)
         calibrated = _calibration_cost_s(cfg, rates) <= budget
     if calibrated:
         rates = calibrate(in_memory, rates, device)
-    p = predict(cfg, rates)  # with the tier, the copies counted in memory (no masters to share)
+    p = predict(cfg, rates, machines=machines)  # with the tier, the copies counted in memory (no masters to share)
     host, state = p.host_total_bytes, p.host_state_bytes
     if cfg.eps_offload is not None:
         host = host_bytes_with_tier(p, entry_numels(cfg), cfg.eps_offload_window, cfg.eps_offload_copies)
-        state = 0 if cfg.eps_offload_copies else p.host_state_bytes - EPS_STATE_BYTES * p.params
+        state = 0 if cfg.eps_offload_copies else p.host_state_bytes - state_in_memory_bytes(p)
     # the peak so far (imports, the data, these measurements) bounds the run's from below:
     # a small model's EPS fits in what the measurements freed
     peak_so_far = memory_status().get("VmHWM", 0)

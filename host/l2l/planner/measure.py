@@ -12,7 +12,7 @@ import torch
 from ..build import build_engine
 from ..config import TrainConfig
 from ..models import build_stack
-from .model import Rates, divisors, pass_kinds, predict
+from .model import Rates, divisors, pass_kinds, predict, serial_micro_batches
 from .shapes import dtype_bytes_of
 
 # ---------------------------------------------------------------- measuring
@@ -126,7 +126,8 @@ def _fit_terms(cfg: TrainConfig, rates: Rates, db: int | None) -> tuple[float, f
     the step: exposed transfers and EPS) of ``cfg``'s predicted step."""
     base = replace(rates, efficiency=1.0, per_call_s=0.0)
     p = predict(cfg, base, dtype_bytes=db)
-    units = cfg.micro_batches * sum(1 if kind == "fwd" else 3 for kind in pass_kinds(len(p.layer_params)))
+    # the calls in a row, as the step's compute counts them (K GPUs: one worker's)
+    units = serial_micro_batches(cfg, base) * sum(1 if kind == "fwd" else 3 for kind in pass_kinds(len(p.layer_params)))
     return p.compute_s - p.stash_transfer_s, units, p.step_s - p.compute_s + p.stash_transfer_s
 
 

@@ -41,6 +41,13 @@ The model, in short (each term is stated where it is computed):
   is out, and runs ``numel / eps_rate`` seconds, in order. The next step needs
   layer 0 first, whose update is queued last, so what the worker has not
   finished when the backward ends is exposed; the rest hides under backward.
+* **Workers and machines** (:class:`Machines`). R machines under torchrun run M/R
+  micro-batches each, split over K workers (:func:`serial_micro_batches`: K GPUs
+  side by side, K CPU workers on shared cores). The sharded EPS updates 1/R of each
+  layer after its gradients' exchange (on the EPS thread, at the network's rate) and
+  gathers each fetch's whole copy from the owners on a thread of its own, at most
+  ``GATHER_WINDOW`` layers ahead of the relay; what the gathers add to the step is
+  ``gather_exposed_s``.
 
 Accuracy on the project's 2-core CPU (torch 2.13, 2 threads, quiet machine),
 gpt d 256, 4 heads, seq 128, batch 16, the ``l2l bench relay`` grid (2-16
@@ -57,6 +64,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from ..config import TrainConfig
+from ..eps.gather import GATHER_WINDOW
 from ..errors import UserError
 from .shapes import EPS_STATE_BYTES, INBOXES_IN_FLIGHT, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
@@ -138,6 +146,12 @@ class Machines:
     def seconds(self, nbytes: float) -> float:
         return 0.0 if self.network_bytes_per_s is None else nbytes / self.network_bytes_per_s
 
+    @classmethod
+    def of(cls, cfg: TrainConfig, count: int, network_gbps: float | None = None) -> Machines:
+        """``count`` machines of ``cfg``'s EPS layout (``l2l plan --machines``; ``l2l train``'s
+        forecast under torchrun, whose network is not known: free)."""
+        return cls(count, None if network_gbps is None else network_gbps * 1e9, cfg.eps_layout)
+
 
 def copy_fetches(i: int, last: int, on_cuda: bool) -> int:
     """How often a training step fetches layer ``i``'s weights (``RelayEngine._train_route``):
@@ -154,28 +168,57 @@ def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, ma
 
     Sharded: each layer's raw gradient rows (``cfg.devices`` per machine, one per worker;
     a tied entry's once per using layer) go to their owners, all but a machine's own
-    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices; then at each fetch of a
-    layer (:func:`copy_fetches`) its copy is gathered from the owners of its slices:
-    ``p * db * (R - 1)``. Replicated: a ring all-reduce of each layer's fp32 box sum,
-    ``2 * p * 4 * (R - 1)`` over the machines."""
+    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices (:func:`exchange_bytes`);
+    then at each fetch of a layer (:func:`copy_fetches`) its copy is gathered from the
+    owners of its slices: ``p * db * (R - 1)`` (:func:`gather_bytes`). Replicated: a ring
+    all-reduce of each layer's fp32 box sum, ``2 * p * 4 * (R - 1)`` over the machines."""
     r = machines.count
     if r <= 1:
         return 0
     if machines.sharded:
-        last = len(shapes) - 1
-        grads = sum(cfg.devices * s.params * db for s in shapes)
-        copies = sum(copy_fetches(i, last, on_cuda) * s.params * db for i, s in enumerate(shapes))
-        return (grads + copies) * (r - 1)
+        return exchange_bytes(cfg, shapes, db, machines) + gather_bytes(cfg, shapes, db, machines, on_cuda)
     return sum(2 * s.params * 4 for s in shapes) * (r - 1)
 
 
+def exchange_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
+    """Of :func:`collective_bytes`, the gradients' part: ``K * p * db * (R - 1)`` a layer when
+    sharded, the all-reduce when replicated (all of it)."""
+    r = machines.count
+    if r <= 1:
+        return 0
+    if machines.sharded:
+        return sum(cfg.devices * s.params * db for s in shapes) * (r - 1)
+    return collective_bytes(cfg, shapes, db, machines)
+
+
+def _gather_seconds(shape: LayerShape, db: int, machines: Machines) -> float:
+    """One fetch's gather of a layer's device copy (sharded): R broadcasts, one from each
+    owner of a slice; each machine receives all but its own, ``(R - 1) / R * n * db``."""
+    r = machines.count
+    return machines.seconds((r - 1) / r * shape.params * db) if machines.sharded else 0.0
+
+
+def gather_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines,
+                 on_cuda: bool = False) -> int:
+    """Bytes all machines together send each other in one step to gather the sharded EPS's
+    device copies: ``n * db * (R - 1)`` per fetch of a layer (:func:`copy_fetches`: twice a
+    step but the post stage's). The window (``GATHER_WINDOW`` entries) is too short to keep
+    a forward's copy for the backward."""
+    if not machines.sharded:
+        return 0
+    last = len(shapes) - 1
+    return sum(copy_fetches(i, last, on_cuda) * s.params * db for i, s in enumerate(shapes)) * (machines.count - 1)
+
+
 def _collective_seconds(cfg: TrainConfig, shape: LayerShape, db: int, machines: Machines) -> float:
-    """One layer's collectives on its EPS thread: the bytes this machine sends, at its link's rate."""
+    """One layer's collectives on its EPS thread, the bytes this machine sends at its link's
+    rate: sharded, the gradients' exchange (the copies are gathered on a thread of their
+    own: :func:`_gather_seconds`); replicated, the all-reduce."""
     r = machines.count
     if r <= 1:
         return 0.0
     if machines.sharded:
-        return machines.seconds((cfg.devices * shape.params + shape.params - shape.counted_before) * db * (r - 1) / r)
+        return machines.seconds(cfg.devices * shape.params * db * (r - 1) / r)
     return machines.seconds(2 * shape.params * 4 * (r - 1) / r)
 
 
@@ -218,12 +261,18 @@ class Prediction:
     host_runtime_bytes: int      # the process before any model: torch and l2l imported
     host_transient_bytes: int    # a few layers' worth: build, gradient temporaries, reduction;
     #                              on the CPU device also the device's own memory (stash, activations)
-    host_total_bytes: int        # the process's peak resident set: the four above
+    host_total_bytes: int        # the process's peak resident set: the four above, and the gathered copies
     rates: dict
     machines: int = 1            # under torchrun: the host figures are each machine's
     eps_layout: str = "sharded"
     collective_bytes: int = 0    # all machines together send this to the EPS's collectives a step
-    collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives
+    #                              (the sharded EPS's books: gradients, and each updated copy once)
+    exchange_bytes: int = 0      # of which the gradients' (sharded; replicated: all of it)
+    collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives (its gradients')
+    gather_bytes: int = 0        # sharded: all machines together send this a step to gather the copies
+    gather_s: float = 0.0        # one machine's gather thread, busy a step
+    gather_exposed_s: float = 0.0  # what the gathers add to the step
+    host_gather_bytes: int = 0   # sharded: the gathered copies' window, and those the workers hold
     layers_detail: list[dict] = field(default_factory=list)
 
     @property
@@ -249,14 +298,33 @@ class _Pass:
     compute_s: float
     weights_in_s: float  # this pass's weight fetch over the link
     grad_out_s: float    # its gradient's way back (post and bwd)
-    eps_s: float         # its layer's update (post and bwd)
+    eps_s: float         # its layer's update (post and bwd), collectives included
+    net_s: float = 0.0   # of eps_s, the collectives: on the network
+    gather_s: float = 0.0  # the sharded EPS: gathering the copy this pass fetches, on the network
+
+
+def serial_micro_batches(cfg: TrainConfig, rates: Rates, machines: Machines = Machines()) -> int:
+    """How many of a pass's micro-batches run one after another at ``rates.flops_per_s``.
+
+    A machine runs ``M / R`` micro-batches of each pass, split over its K workers
+    (``--devices``). On CUDA each worker has a GPU of its own and ``flops_per_s`` is one
+    GPU's rate (``measure_matmul`` times one device; ``--flops`` gives one), so the K
+    shares run side by side and a pass lasts one worker's ``M / (R * K)``. On the CPU the
+    K workers are threads on the same cores, and ``flops_per_s`` was measured with torch's
+    threads on all of them: it is the box's rate, which K workers share, not multiply.
+    There a pass lasts the machine's ``M / R`` at that rate, as with one worker; how well
+    K workers fill the cores (``l2l bench workers``: 1.28x for two on two cores) is in the
+    efficiency that :func:`calibrate` fits on relay steps with ``cfg.devices`` workers."""
+    m = cfg.micro_batches // machines.count
+    return m if rates.zero_copy else m // cfg.devices  # zero-copy: the planner's CPU device
 
 
 def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int,
                   machines: Machines = Machines()) -> list[_Pass]:
-    """The relay's passes in order, with their compute and link times (engine.train_step);
-    with several machines each runs ``cfg.micro_batches / R`` of them."""
-    m = cfg.micro_batches // machines.count
+    """The relay's passes in order, with their compute and link times (engine.train_step):
+    the compute of :func:`serial_micro_batches`, the transfers of one worker (each GPU
+    has a link of its own)."""
+    m = serial_micro_batches(cfg, rates, machines)
     b = cfg.batch_size // cfg.micro_batches
     rate = rates.flops_per_s * rates.efficiency
     act = b * cfg.seq_len * cfg.d_model * db  # one micro-batch's boundary tensor
@@ -273,55 +341,73 @@ def pass_schedule(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, 
         # --stash host copies each boundary synchronously, on the compute stream
         return m * (rates.seconds_out(n_out * act) + rates.seconds_in(n_in * act)) if stash_moves else 0.0
 
+    def network(s: LayerShape, gathered: bool = True) -> dict:
+        return {"net_s": _collective_seconds(cfg, s, db, machines),
+                "gather_s": _gather_seconds(s, db, machines) if gathered else 0.0}
+
     passes = []
     for i in range(last):  # forward: put act(i+1) (out); get act(i) (in) for i >= 1
         passes.append(_Pass(i, "fwd", compute(shapes[i], "fwd") + stash_s(1, 1 if i else 0),
-                            rates.seconds_in(shapes[i].params * db), 0.0, 0.0))
+                            rates.seconds_in(shapes[i].params * db), 0.0, 0.0,
+                            gather_s=_gather_seconds(shapes[i], db, machines)))
     # post: pop act(last) (in), put grad(last) (out); forward and backward at once
     s = shapes[last]
     passes.append(_Pass(last, "post", compute(s, "post") + stash_s(1, 1), rates.seconds_in(s.params * db),
-                        rates.seconds_out(s.params * db), _eps_seconds(cfg, s, rates, db, machines)))
+                        rates.seconds_out(s.params * db), _eps_seconds(cfg, s, rates, db, machines), **network(s)))
     for i in range(last - 1, -1, -1):  # backward: pop act(i), pop grad(i+1) (in); put grad(i) (out)
         s = shapes[i]
         passes.append(_Pass(i, "bwd", compute(s, "bwd") + stash_s(1 if i else 0, 2 if i else 1),
                             rates.seconds_in(s.params * db), rates.seconds_out(s.params * db),
-                            _eps_seconds(cfg, s, rates, db, machines)))
+                            _eps_seconds(cfg, s, rates, db, machines),
+                            **network(s, gathered=copy_fetches(i, last, not rates.zero_copy) == 2)))
     return passes
 
 
-def _simulate(passes: list[_Pass]) -> dict:
-    """Replay one steady-state step on four timelines: the copy stream (weights in),
-    the compute stream, the gradient stream (out) and the EPS worker.
+def _simulate(passes: list[_Pass], window: int = GATHER_WINDOW) -> dict:
+    """Replay one steady-state step on six timelines: the copy stream (weights in),
+    the compute stream, the gradient stream (out), the EPS worker, the gather thread
+    (the sharded EPS's copies) and the network.
 
     The relay fetches pass p's weights right after fetching pass p-1's, so the
     copy waits for the compute queued before pass p-1 (the double buffer):
-    ``copy_p`` starts at ``max(copy_{p-1} end, compute_{p-2} end)``. A pass
-    computes once its weights are in and the previous pass is done. A gradient
-    goes out after its pass, one at a time; the EPS updates a layer once its
-    gradient is out, one layer at a time, in order. The step ends when the
-    device is done and the EPS has finished layer 0 (the next step's first
-    fetch waits for it).
+    ``copy_p`` starts at ``max(copy_{p-1} end, compute_{p-2} end)``, and, sharded,
+    once pass p's copy is gathered. A gather starts when the one before it is done
+    and the window has room: at most ``window`` gathered copies wait for the relay,
+    so pass p's starts once pass ``p - window``'s was fetched. A pass computes once
+    its weights are in and the previous pass is done. A gradient goes out after its
+    pass, one at a time; the EPS updates a layer once its gradient is out, one layer
+    at a time, in order. The step ends when the device is done and the EPS has
+    finished layer 0 (the next step's first fetch waits for it, and its gather too:
+    the step's first gather is exposed whole). The gathers and the EPS's collectives
+    share the machine's link, which no timeline here slows; the step is at least the
+    sum of their network seconds, so a step bound by the network is not predicted short.
     """
-    copy_end = comp_end = out_end = eps_end = 0.0
+    copy_end = comp_end = out_end = eps_end = gather_end = 0.0
     comp_ends: list[float] = []
+    fetched: list[float] = []
     for p, ps in enumerate(passes):
+        gather_end = max(gather_end, fetched[p - window] if p >= window else 0.0) + ps.gather_s
         issued_after = comp_ends[p - 2] if p >= 2 else 0.0
-        copy_end = max(copy_end, issued_after) + ps.weights_in_s
+        fetched.append(max(copy_end, issued_after, gather_end))
+        copy_end = fetched[p] + ps.weights_in_s
         comp_end = max(comp_end, copy_end) + ps.compute_s
         comp_ends.append(comp_end)
         if ps.kind != "fwd":
             out_end = max(out_end, comp_end) + ps.grad_out_s
             eps_end = max(eps_end, out_end) + ps.eps_s
     device_end = max(comp_end, out_end)
-    return {"device_end": device_end, "eps_end": eps_end, "step": max(device_end, eps_end)}
+    network = sum(ps.net_s + ps.gather_s for ps in passes)
+    return {"device_end": device_end, "eps_end": eps_end, "gather_end": gather_end, "network": network,
+            "step": max(device_end, eps_end, network)}
 
 
-def _ledger(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) -> dict:
+def _ledger(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines = Machines()) -> dict:
     """Replay the relay's ledger calls (engine.train_step, stash.BoundaryStore) and
-    return its peaks: the device bytes the relay holds across layer boundaries.
-    On the CPU device this is exactly ``device_peak_bytes``."""
-    m = cfg.micro_batches
-    act = (cfg.batch_size // m) * cfg.seq_len * cfg.d_model * db
+    return its peaks: the device bytes one worker holds across layer boundaries, over
+    its ``M / (R * K)`` micro-batches. On the CPU device this is exactly
+    ``device_peak_bytes`` (with K workers, their largest)."""
+    m = cfg.micro_batches // (machines.count * cfg.devices)
+    act = (cfg.batch_size // cfg.micro_batches) * cfg.seq_len * cfg.d_model * db
     stash_kind = "stash" if cfg.stash == "device" else "host_stash"
     cur = {"weights": 0, "grads": 0, "boundary": 0, "stash": 0, "host_stash": 0}
     peak = {"device": 0, "weights": 0, "host_stash": 0}
@@ -415,6 +501,14 @@ def device_copy_bytes(cfg: TrainConfig, db: int, on_cuda: bool) -> int:
     return 0 if shared else db
 
 
+def gathered_copy_bytes(cfg: TrainConfig, largest: int, db: int, on_cuda: bool) -> int:
+    """Host bytes of the sharded EPS's whole copies, gathered from their owners: at most
+    ``GATHER_WINDOW`` waiting for the relay, one each of the K workers computes with, and on
+    CUDA one more a worker, the next layer's, on its way to the GPU. Each counted at the
+    largest layer's size (its entries together: a tied embedding is gathered with it)."""
+    return (GATHER_WINDOW + cfg.devices * (2 if on_cuda else 1)) * largest * db
+
+
 def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, act_bytes: int,
                          on_cuda: bool) -> int:
     """Host memory beyond the EPS state that a few layers set, at the step's peak.
@@ -426,27 +520,33 @@ def host_transient_bytes(cfg: TrainConfig, largest: int, db: int, ledger: dict, 
     dtype, per worker); the NumPy EPS reduces the contributions into one fp32 buffer
     of the largest layer before it updates (unless there is one contribution and no
     loss scale: then the inbox is the reduced gradient, widened a chunk at a time). On the CPU
-    device the device's memory is host memory: the relay's stash and boundaries (its
+    device the device's memory is host memory: each worker's stash and boundaries (its
     ledger, less the weights and gradients, which are the EPS's own arrays there) and one
-    layer's activations."""
+    layer's activations, K times (the workers run at once)."""
     transient = largest * 4 + largest * db * cfg.devices
     if cfg.devices > 1 or cfg.precision == "fp16":  # fp16 has a loss scale: bf16 and fp32 one worker, none
         transient += largest * 4
     if not on_cuda:
-        transient += ledger["device"] - ledger["weights"] + act_bytes
+        transient += cfg.devices * (ledger["device"] - ledger["weights"] + act_bytes)
     return transient
 
 
 def _timing(cfg: TrainConfig, shapes: Sequence[LayerShape], rates: Rates, db: int,
             machines: Machines = Machines()) -> dict:
-    """The step on the link's timelines, and again with a free link: what the transfers add."""
+    """The step on the link's timelines, and again with a free link: what the transfers add;
+    and again with free gathers: what the sharded EPS's gathers add."""
     passes = pass_schedule(cfg, shapes, rates, db, machines)
     timed = _simulate(passes)
     no_link = _simulate([replace(p, weights_in_s=0.0, grad_out_s=0.0) for p in passes])
     transfer_s = sum(p.weights_in_s + p.grad_out_s for p in passes)
     exposed = max(0.0, timed["device_end"] - no_link["device_end"])
+    gather_s = sum(p.gather_s for p in passes)
+    gather_exposed = 0.0
+    if gather_s:
+        gather_exposed = max(0.0, timed["step"] - _simulate([replace(p, gather_s=0.0) for p in passes])["step"])
     return {"passes": passes, "timed": timed, "transfer_s": transfer_s, "transfer_exposed_s": exposed,
-            "hidden_share": 1.0 if transfer_s == 0 else max(0.0, 1.0 - exposed / transfer_s)}
+            "hidden_share": 1.0 if transfer_s == 0 else max(0.0, 1.0 - exposed / transfer_s),
+            "gather_s": gather_s, "gather_exposed_s": gather_exposed}
 
 
 def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
@@ -458,15 +558,15 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         raise UserError(f"--micro-batches {cfg.micro_batches} does not divide --batch-size {cfg.batch_size}")
     db = dtype_bytes_of(cfg, dtype_bytes)
     shapes = layer_shapes(cfg)
-    if machines.count > 1 and cfg.micro_batches % (machines.count * cfg.devices):
+    if cfg.micro_batches % (machines.count * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({machines.count} x {cfg.devices})")
-    m, b = cfg.micro_batches // machines.count, cfg.batch_size // cfg.micro_batches
+    m, b = cfg.micro_batches // machines.count, cfg.batch_size // cfg.micro_batches  # this machine's M
     timing = _timing(cfg, shapes, rates, db, machines)
     passes, timed, transfer_s = timing["passes"], timing["timed"], timing["transfer_s"]
     compute_s = sum(p.compute_s for p in passes)
     act_bytes = activation_bytes(cfg, shapes, db)
-    ledger = _ledger(cfg, shapes, db)
+    ledger = _ledger(cfg, shapes, db, machines)
     on_cuda = not rates.zero_copy
     weights = _weights_peak_prefetch(shapes, db) if on_cuda else ledger["weights"]
     # the ledger counts weights at fetch; with prefetch the next layer's are also resident
@@ -476,11 +576,15 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
     inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
-    if machines.sharded:  # 1/R of p, m, v (whole blocks: within a block of 1/R); every copy, apart
-        host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + params * db
+    copy = device_copy_bytes(cfg, db, on_cuda)
+    host_gather = 0
+    if machines.sharded:  # 1/R of p, m, v and of the copies (whole blocks: within a block of 1/R)
+        host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + math.ceil(params * copy / machines.count)
+        host_gather = gathered_copy_bytes(cfg, largest, db, on_cuda)
     else:
-        host_state = params * (EPS_STATE_BYTES + device_copy_bytes(cfg, db, on_cuda))
+        host_state = params * (EPS_STATE_BYTES + copy)
     host_eps = host_state + inboxes
+    host_stash = cfg.devices * ledger["host_stash"]  # --stash host: every worker's, in this machine's memory
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
     if machines.sharded:  # the exchange's send and receive buffers of the largest layer
         transient += 2 * cfg.devices * largest * db
@@ -491,7 +595,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     stash_s = 0.0
     if on_cuda and cfg.stash == "host":
         # the per-pass stash copies are inside compute_s; separate them for the report
-        pure = pass_schedule(replace(cfg, stash="device"), shapes, rates, db)
+        pure = pass_schedule(replace(cfg, stash="device"), shapes, rates, db, machines)
         stash_s = compute_s - sum(p.compute_s for p in pure)
     forward_s = {p.layer: p.compute_s for p in passes if p.kind == "fwd"}
     backward_s = {p.layer: p.compute_s for p in passes if p.kind in ("post", "bwd")}
@@ -501,7 +605,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
               for i, s in enumerate(shapes)]
     return Prediction(
         config={k: getattr(cfg, k) for k in ("model", "layers", "d_model", "heads", "seq_len", "batch_size",
-                                             "micro_batches", "stash")},
+                                             "micro_batches", "stash", "devices")},
         dtype_bytes=db, params=params, layer_params=[s.params for s in shapes],
         tokens=cfg.batch_size * cfg.seq_len, flops=flops,
         step_s=timed["step"], compute_s=compute_s,
@@ -515,13 +619,17 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         eps_exposed_s=max(0.0, timed["eps_end"] - timed["device_end"]),
         device_weight_bytes=weights, device_ledger_bytes=device_ledger,
         activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
-        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=ledger["host_stash"],
+        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=host_stash,
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
-        host_total_bytes=rates.runtime_bytes + host_eps + ledger["host_stash"] + transient,
+        host_gather_bytes=host_gather,
+        host_total_bytes=rates.runtime_bytes + host_eps + host_stash + transient + host_gather,
         rates=rates.to_dict(), layers_detail=detail,
         machines=machines.count, eps_layout=machines.layout if machines.count > 1 else "",
         collective_bytes=collective_bytes(cfg, shapes, db, machines, on_cuda),
-        collective_s=sum(_collective_seconds(cfg, s, db, machines) for s in shapes))
+        exchange_bytes=exchange_bytes(cfg, shapes, db, machines),
+        collective_s=sum(_collective_seconds(cfg, s, db, machines) for s in shapes),
+        gather_bytes=gather_bytes(cfg, shapes, db, machines, on_cuda), gather_s=timing["gather_s"],
+        gather_exposed_s=timing["gather_exposed_s"])
 
 
 # ---------------------------------------------------------------- choosing M
@@ -558,8 +666,9 @@ def choose_micro_batches(cfg: TrainConfig, rates: Rates, *, device_memory_bytes:
     """
     db = dtype_bytes_of(cfg, dtype_bytes)
     shapes = layer_shapes(cfg)
+    k = cfg.devices  # the K workers split the micro-batches evenly: M a multiple of K
     rows = []
-    for m in divisors(cfg.batch_size):
+    for m in [m for m in divisors(cfg.batch_size) if m % k == 0]:
         p = predict(replace(cfg, micro_batches=m), rates, dtype_bytes=db)
         fits = device_memory_bytes is None or p.device_total_bytes <= device_memory_bytes
         rows.append({"micro_batches": m, "step_s": p.step_s, "hidden_share": p.transfer_hidden_share,
@@ -579,18 +688,18 @@ def choose_micro_batches(cfg: TrainConfig, rates: Rates, *, device_memory_bytes:
     m0 = fitting[0]["micro_batches"]
     per = cfg.batch_size // m0
 
-    def hides(k: int) -> bool:  # k micro-batches of ``per`` sequences per step
-        return _exposed_share(_timing(replace(cfg, batch_size=k * per, micro_batches=k), shapes, rates, db)) \
-            <= max_exposed
+    def hides(j: int) -> bool:  # j * K micro-batches of ``per`` sequences per step
+        return _exposed_share(_timing(replace(cfg, batch_size=j * k * per, micro_batches=j * k), shapes, rates,
+                                      db)) <= max_exposed
 
-    need, lo, hi = None, m0, 2 * m0
-    while hi <= 1 << 24 and not hides(hi):  # the exposed share falls as the compute per fetch grows
+    need, lo, hi = None, m0 // k, 2 * m0 // k
+    while hi * k <= 1 << 24 and not hides(hi):  # the exposed share falls as the compute per fetch grows
         lo, hi = hi, hi * 2
-    if hi <= 1 << 24:
+    if hi * k <= 1 << 24:
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if hides(mid) else (mid, hi)
-        need = hi * per
+        need = hi * k * per
     why = (f"no M hides the link at batch {cfg.batch_size} (waits > {max_exposed:.0%} of the step): a layer's "
            "compute is shorter than its transfer" +
            (f"; a batch of {need} sequences ({need // per} micro-batches of {per}) would" if need
