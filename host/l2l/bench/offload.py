@@ -115,10 +115,11 @@ class MemoryLimit:
         return None
 
     def oom_kills(self) -> int | None:
-        text = _read(self.path / "memory.events") if self.path else ""
-        for line in text.splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
+        for name in ("memory.events", "memory.oom_control"):  # v2; v1 (kernels since 4.13)
+            text = _read(self.path / name) if self.path else ""
+            for line in text.splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
         text = _read(self.path / "memory.failcnt") if self.path else ""
         return int(text) if text.strip().isdigit() else None
 

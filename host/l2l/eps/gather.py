@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-GATHER_WINDOW = 2  # gathered entries not yet fetched by every worker, at most, per machine
+GATHER_WINDOW = 1  # gathered entries not yet fetched by every worker, at most, per machine
 WAIT_S = 0.2       # how often a waiting caller looks for an error elsewhere
 
 
