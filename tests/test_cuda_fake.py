@@ -323,3 +323,57 @@ def test_replay_rng_on_cuda_forks_only_the_device_generator(monkeypatch):
     assert torch.equal(first, again)
     assert torch.equal(device_gen.get_state(), before)
     assert cpu_calls == []
+
+
+class _RouteChecked(EagerParamServer):
+    """Holds each worker's fetches to the route it declared before the pass: what a sharded
+    EPS gathers by (``l2l.eps.gather``), so a wrong route would stall or mismatch there."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.routes: dict[int, list[int]] = {}
+        self.fetched: dict[int, list[int]] = {}
+        self.passes = 0
+
+    def declare_route(self, worker, route, *, train, consumers):
+        assert self.fetched.get(worker, []) == self.routes.get(worker, []), "the last pass left its route"
+        assert consumers == (self.contributors if train else 1)
+        self.routes[worker], self.fetched[worker] = list(route), []
+        self.passes += 1
+
+    def fetch(self, layer, worker=0):
+        done = self.fetched.setdefault(worker, [])
+        done.append(layer)
+        assert done == self.routes[worker][:len(done)], f"worker {worker} fetched {done}, declared {self.routes[worker]}"
+        return super().fetch(layer, worker)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("on_fake_gpu", [False, True])
+def test_the_relay_fetches_the_route_it_declares(corpus, workers, on_fake_gpu):
+    """Training steps and an evaluation, on the CPU transport and on the (asynchronous) fake
+    GPU one, whose prefetch and resident layer change the fetch order: each pass fetches
+    exactly the entries it declared, in order (a tied embedding's too)."""
+    fake = FakeCuda() if on_fake_gpu else None
+    pinned = PinnedRegistry()
+    transports = [CudaTransport(CPU, cuda=fake, pinned=pinned) for _ in range(workers)] if fake else None
+    eps = _RouteChecked(NumpyBackend(), HYPER, contributors=workers,
+                        **({"host_alloc": transports[0].host_alloc} if fake else {}))
+    stacks = [_stack(tied=True) for _ in range(workers)]
+    engine = RelayEngine(stacks[0], eps, CPU, micro_batches=2, seed=0, transport=transports[0] if fake else None) \
+        if workers == 1 else DataParallelRelay(stacks, eps, [CPU] * workers, micro_batches=2 * workers, seed=0,
+                                               transports=transports)
+    sampler = sampler_for(corpus, CFG, batch_size=4)
+    try:
+        with fake if fake is not None else contextlib.nullcontext():
+            engine.train_step(sampler.batch(0), 0)
+            engine.evaluate([sampler.batch(1), sampler.batch(2)])
+            engine.train_step(sampler.batch(3), 3)
+    finally:
+        engine.close()
+    assert eps.passes == 2 * workers + 1
+    assert all(eps.fetched[w] == eps.routes[w] for w in eps.routes)
+    last = len(stacks[0].layers) - 1
+    trained = eps.routes[workers - 1]   # the last pass of a worker that does not evaluate: a step
+    assert len(trained) == sum(len(stacks[0].parts(i)) for i in range(last + 1)) + \
+        sum(len(stacks[0].parts(i)) for i in range(last - 1 - (1 if fake else 0), -1, -1))

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from l2l.eps.gather import GATHER_WINDOW
+
 from conftest import run_cli
 
 SHAPE = ["--layers", "4", "--d-model", "256", "--heads", "4", "--seq-len", "64", "--batch-size", "16",
@@ -27,9 +29,9 @@ def test_each_machine_holds_its_share_of_the_eps_state():
     assert one["host_state_bytes"] == 12 * params and one["collective_bytes"] == 0
     assert one["host_gather_bytes"] == 0
     # 4 machines: 12/4 bytes a parameter of state; the fp32 copy's slice is the masters' slice;
-    # whole copies only in the gather's window (2) and in the worker's hands (1)
+    # whole copies only in the gather's window and in the worker's hands (1)
     assert four["host_state_bytes"] == 3 * params
-    assert four["host_gather_bytes"] == (2 + 1) * largest * 4
+    assert four["host_gather_bytes"] == (GATHER_WINDOW + 1) * largest * 4
     replicated = _plan("--machines", "4", "--eps-layout", "replicated")   # a whole EPS each, as one process
     assert replicated["host_state_bytes"] == 12 * params and replicated["host_gather_bytes"] == 0
     assert four["machines"] == 4 and four["eps_layout"] == "sharded"
@@ -38,13 +40,13 @@ def test_each_machine_holds_its_share_of_the_eps_state():
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_machines_state_falls_as_one_over_r_and_the_window_stays(k):
     """GPU rates, bf16: each of R machines keeps (12 + 2)/R bytes a parameter; the gathered
-    copies are a constant window: 2 ahead, and per worker the one it computes with and the
+    copies are a constant window: GATHER_WINDOW ahead, and per worker the one it computes with and the
     one on its way to the GPU."""
     plans = {r: _plan("--machines", str(r), "--devices", str(k), *GPU) for r in (2, 4, 8)}
     params, largest = plans[2]["params"], max(plans[2]["layer_params"])
     for r, p in plans.items():
         assert p["host_state_bytes"] == -(-12 * params // r) + -(-2 * params // r), r
-        assert p["host_gather_bytes"] == (2 + 2 * k) * largest * 2, r
+        assert p["host_gather_bytes"] == (GATHER_WINDOW + 2 * k) * largest * 2, r
     assert plans[2]["host_total_bytes"] > plans[4]["host_total_bytes"] > plans[8]["host_total_bytes"]
 
 
