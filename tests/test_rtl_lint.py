@@ -44,8 +44,8 @@ MIN_VERSION = (5, 36)
 KERNEL = "l2l_eps_kernel"
 KERNEL_CORNERS = [
     {},                                                         # the defaults (kernel.xml's shape)
-    *({"LANES": lanes, "GDTYPE": g, "CDTYPE": c}
-      for lanes in (1, 4, 16) for g, c in ((0, 0), (1, 2), (2, 1)) if (lanes, g, c) != (16, 2, 1)),
+    # every LANES and every dtype pair at least once, beside the corners below
+    *({"LANES": lanes, "GDTYPE": g, "CDTYPE": c} for lanes, g, c in ((1, 0, 0), (4, 2, 1), (16, 0, 0), (16, 1, 2))),
     {"LANES": 1, "GDTYPE": 0, "CDTYPE": 1, "BURST": 1, "BLOCK": 1, "RD_FIFO": 2, "WR_FIFO": 2,
      "C_S_AXI_CONTROL_ADDR_WIDTH": 7},                          # smallest
     {"LANES": 16, "GDTYPE": 2, "CDTYPE": 1, "BURST": 64, "BLOCK": 65536, "RD_FIFO": 4096,

@@ -44,7 +44,7 @@ CGROUPS_ENV = "L2L_BENCH_CGROUPS"  # the cgroup.procs file of each local rank, '
 def _parser() -> Parser:
     p = Parser(prog="l2l bench shard", description=__doc__)
     p.add_argument("--quick", action="store_true",
-                   help="tiny models, no limit, R = 1 and 2: checks the benchmark runs")
+                   help="tiny models, no limit, R = 2 only: checks the benchmark runs")
     p.add_argument("--large", default="24x1024", help="LAYERSxD_MODEL of the memory and capacity runs (fp32)")
     p.add_argument("--small", default="8x512", help="LAYERSxD_MODEL of the cost runs")
     p.add_argument("--steps", type=int, default=3, help="steps of each memory run")
@@ -130,7 +130,7 @@ def run_shard_bench(argv: list[str]) -> int:
     (large_l, large_d), (small_l, small_d) = _shape(args.large), _shape(args.small)
     ranks, steps = RANKS, args.steps
     if args.quick:
-        (large_l, large_d), (small_l, small_d), ranks, steps = (2, 64), (2, 64), (1, 2), 2
+        (large_l, large_d), (small_l, small_d), ranks, steps = (2, 64), (2, 64), (2,), 2
     large, small = _model(large_l, large_d, 4), _model(small_l, small_d, 8)
     base = Path(tempfile.mkdtemp(prefix="l2l-bench-shard-"))
     t_start = time.perf_counter()
@@ -149,7 +149,7 @@ def run_shard_bench(argv: list[str]) -> int:
                            "predicted_error": max(measured) / predicted - 1, "step_times": run["step_times"]})
             shutil.rmtree(base / f"mem-{r}", ignore_errors=True)
         if not args.no_capacity:
-            one, many = memory[0]["peak_bytes"][0], max(memory[-1]["peak_bytes"])
+            one, many = max(memory[0]["peak_bytes"]), max(memory[-1]["peak_bytes"])
             limit_bytes = None if args.quick else (one + many) // 2
             capacity = {"limit_bytes": limit_bytes, "ranks": ranks[-1] if args.quick else CAPACITY_RANKS}
             for r, key, n in ((1, "one", 2), (capacity["ranks"], "many", CAPACITY_STEPS)):
