@@ -174,3 +174,25 @@ def test_a_failed_collective_reaches_the_relay():
     with pytest.raises(ConnectionError, match="a machine died"):
         g.fetch(0, 0)
     g.close()
+
+
+def test_lent_buffers_are_reused_only_when_let_go_and_after_the_fence():
+    """CUDA's gathered copies (``relay/transport.py`` ``LentBuffers``): a buffer the relay still
+    holds is never handed out again; one it let go of is, after the uploads' fence."""
+    from l2l.relay.transport import LentBuffers
+    made, fences = [], []
+
+    def alloc(n, dtype):
+        made.append(np.empty(n, dtype))
+        return made[-1]
+    lend = LentBuffers(alloc, lambda: fences.append(len(made)))
+    a = lend(8, np.float32)
+    b = lend(8, np.float32)                       # a is still held: a new buffer
+    assert len(made) == 2 and not np.shares_memory(a, b) and fences == []
+    a[:] = 1.0
+    del a
+    c = lend(8, np.float32)                       # a's buffer, after the fence
+    assert len(made) == 2 and np.shares_memory(c, made[0]) and fences == [2]
+    d = lend(4, np.float32)                       # another size: its own buffer
+    assert len(made) == 3 and d.size == 4
+    del b, c, d

@@ -82,7 +82,10 @@ def test_the_ledger_matches_the_schedule_and_the_kernel(tmp_path):
     if kernel_read == 0 and kernel_write == 0:
         return  # no block device under the temp dir (tmpfs): nothing to compare with
     slack = 1 << 20
-    assert led["read_bytes"] - slack <= kernel_read <= 1.03 * led["read_bytes"] + slack, \
+    # code pages: under the suite's parallel load the kernel may evict the interpreter's and read
+    # them back during the run (a clean clone's make test measured 3.2 MB over the ledger)
+    code_pages = 4 << 20
+    assert led["read_bytes"] - slack <= kernel_read <= 1.03 * led["read_bytes"] + slack + code_pages, \
         (kernel_read, led["read_bytes"])
     assert led["write_bytes"] + out_bytes - slack <= kernel_write <= 1.03 * (led["write_bytes"] + out_bytes) + slack, \
         (kernel_write, led["write_bytes"], out_bytes)

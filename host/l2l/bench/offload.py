@@ -36,7 +36,7 @@ from ..config import TrainConfig
 from ..errors import UserError
 from ..options import Parser
 from ..planner.disk import entry_numels, probe_disk, size_of, state_file_bytes, sustained_bytes, traffic
-from .output import publish
+from .output import add_output_options, publish
 
 BEGIN = "<!-- l2l bench offload: begin -->"
 END = "<!-- l2l bench offload: end -->"
@@ -58,10 +58,7 @@ def _parser() -> Parser:
     p.add_argument("--probe-gib", type=float, default=None,
                    help="bytes each way of the disk probe, GiB (default: 2, at most a tenth of the free space, "
                         "at least 1; --quick: 64 MiB)")
-    p.add_argument("--out", default="bench/results")
-    p.add_argument("--results", default=None,
-                   help=f"Markdown file whose section between {BEGIN} and {END} is regenerated "
-                        "(default: docs/results.md when it exists here, not with --quick)")
+    add_output_options(p, BEGIN, END)
     return p
 
 

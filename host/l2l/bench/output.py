@@ -5,6 +5,15 @@ import json
 from pathlib import Path
 
 
+def add_output_options(p, begin: str, end: str) -> None:
+    """``--out`` and ``--results``, as every benchmark with a section of its own in results.md
+    takes them (:func:`publish`)."""
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--results", default=None,
+                   help=f"Markdown file whose section between {begin} and {end} is regenerated "
+                        "(default: docs/results.md when it exists here, not with --quick)")
+
+
 def save_results(folder: str | Path, stem: str, result: dict, table: str) -> None:
     """Write ``stem.json`` and ``stem.md`` under ``folder`` and print the table."""
     out = Path(folder)

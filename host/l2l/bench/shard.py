@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..options import Parser
 from .offload import MemoryLimit
-from .output import publish
+from .output import add_output_options, publish
 
 BEGIN = "<!-- l2l bench shard: begin -->"
 END = "<!-- l2l bench shard: end -->"
@@ -49,10 +49,7 @@ def _parser() -> Parser:
     p.add_argument("--small", default="8x512", help="LAYERSxD_MODEL of the cost runs")
     p.add_argument("--steps", type=int, default=3, help="steps of each memory run")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity runs (the longest part)")
-    p.add_argument("--out", default="bench/results")
-    p.add_argument("--results", default=None,
-                   help=f"Markdown file whose section between {BEGIN} and {END} is regenerated "
-                        "(default: docs/results.md when it exists here, not with --quick)")
+    add_output_options(p, BEGIN, END)
     return p
 
 
