@@ -2,9 +2,11 @@
 
 The layout (:class:`~l2l.eps.shards.ShardLayout`) gives each rank contiguous
 whole blocks of each entry; the rank's backend holds the fp32 masters and
-moments of its slices only, and runs their updates. Every rank keeps the
-device copy of every entry whole (the relay runs every layer), and the step
-counts of all entries (bookkeeping, the same everywhere).
+moments of its slices only, and runs their updates, and the rank keeps its
+slices of the device copies. The relay runs every layer, so the whole copies
+it fetches are gathered from their owners a window ahead of it
+(:mod:`l2l.eps.gather`). Every rank keeps the step counts of all entries
+(bookkeeping, the same everywhere).
 
 One entry's update, on every rank's EPS thread, in the order every rank pushes:
 
@@ -15,9 +17,8 @@ One entry's update, on every rank's EPS thread, in the order every rank pushes:
    the bits of one machine of R x K workers (``docs/eps-numerics.md``).
 2. **One flag**: the owners agree on the entry's finite flag (a MIN all-reduce),
    so every slice of an entry updates, or none does.
-3. **Update**, each owner its slice, writing its slice of the device copy.
-4. **Copies from their owners**: each slice of the new device copy is broadcast
-   from its owner to every rank, before any rank's relay fetches the entry.
+3. **Update**, each owner its slice, writing its slice of the device copy, which
+   the gather thread of every rank reads once the update is settled.
 
 Held steps (``--overflow strict``) fold and check in step 1, keep the unscaled
 fold, and agree at the commit on one vector of per-layer flags and per-block
@@ -46,9 +47,9 @@ from .contract import StepScalars
 from .gather import GATHER_WINDOW, WAIT_S, CopyGather
 from .numerics import reduce_gradients
 from .server import EagerParamServer, HostAlloc, UpdateRecord, block_sumsqs
+from .shards import ShardLayout
 
 INBOX_LIMIT = 3  # gradient blocks in flight on a machine, at most (EagerParamServer.inbox_limit)
-from .shards import ShardLayout
 
 
 class ShardedParamServer(EagerParamServer):
