@@ -112,36 +112,32 @@ def cross_machine_reduce():
     return all_reduce
 
 
-def each_machine(value: float, what: str) -> list[float]:
-    """Every machine's ``value``, by rank (the training loop's group); ``[value]`` in one process."""
+def _gather_f64(values: list[float], what: str) -> list[list[float]]:
+    """Every machine's ``values`` (as many on each), by rank, on the training loop's group;
+    ``[values]`` in one process."""
     d = _CURRENT
     if d is None:
-        return [float(value)]
+        return [[float(v) for v in values]]
     import torch.distributed as dist
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64)
     out = [torch.empty_like(t) for _ in range(d.world)]
     try:
         dist.all_gather(out, t, group=d.main_group)
     except RuntimeError as exc:
         raise _lost(what, exc) from None
-    return [float(o.item()) for o in out]
+    return [o.tolist() for o in out]
+
+
+def each_machine(value: float, what: str) -> list[float]:
+    """Every machine's ``value``, by rank; ``[value]`` in one process."""
+    return [v for (v,) in _gather_f64([value], what)]
 
 
 def sum_over_machines(parts: list[float]) -> float:
     """The sum of every worker's ``parts`` over the machines (the training loop's group), added
     in worker order (rank, then worker) from 0.0: the same float one process with all the
     workers adds. One process: ``sum(parts)``."""
-    d = _CURRENT
-    if d is None:
-        return float(sum(parts))
-    import torch.distributed as dist
-    t = torch.tensor(parts, dtype=torch.float64)
-    out = [torch.empty_like(t) for _ in range(d.world)]
-    try:
-        dist.all_gather(out, t, group=d.main_group)
-    except RuntimeError as exc:
-        raise _lost("the loss gather", exc) from None
-    return float(sum(x for o in out for x in o.tolist()))
+    return float(sum(x for machine in _gather_f64(parts, "the loss gather") for x in machine))
 
 
 TEXT_BYTES = 256  # the longest text the machines exchange (a run id, a directory name, a file's digest)

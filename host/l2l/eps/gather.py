@@ -33,7 +33,6 @@ host allocator, which reuses a block only after the copies that read it have run
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -83,7 +82,6 @@ class CopyGather:
         self.peak_in_window = 0
         self.gathered = 0        # positions gathered (a test's and a benchmark's figure)
         self.sent_bytes = 0      # what this machine's slices of training passes sent the others
-        self.wait_seconds = 0.0  # time fetches spent waiting for a gather
         self._error: BaseException | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="eps-gather", daemon=True)
@@ -119,12 +117,10 @@ class CopyGather:
                 expected = p.route[pos] if pos < len(p.route) else "nothing"
                 raise RuntimeError(f"fetch of entry {entry} where the declared route has {expected}")
             key = (index, pos)
-            start = time.perf_counter()
             while key not in self._ready:
                 self._raise()
                 self._check()
                 self._cv.wait(WAIT_S)
-            self.wait_seconds += time.perf_counter() - start
             copy = self._ready[key]
             self._taken[key] = self._taken.get(key, 0) + 1
             if self._taken[key] == p.consumers:

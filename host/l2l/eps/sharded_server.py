@@ -80,7 +80,7 @@ class ShardedParamServer(EagerParamServer):
         return [(s.lo, s.hi) for s in self.layout.slices(layer)]
 
     def _on_backend(self, layer: int) -> bool:
-        return self.layout.slice_of(layer, self.rank).numel > 0
+        return self._copy_numel(layer) > 0
 
     def _copy_numel(self, layer: int) -> int:
         return self.layout.slice_of(layer, self.rank).numel

@@ -162,64 +162,57 @@ def copy_fetches(i: int, last: int, on_cuda: bool) -> int:
     return 1 if on_cuda and i == last - 1 and i > 0 else 2
 
 
-def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines,
-                     on_cuda: bool = False) -> int:
-    """Bytes all machines together send to each other in one step, to the EPS's collectives.
-
-    Sharded: each layer's raw gradient rows (``cfg.devices`` per machine, one per worker;
-    a tied entry's once per using layer) go to their owners, all but a machine's own
-    columns: ``K * p * db * (R - 1)`` a layer, whatever the slices (:func:`exchange_bytes`);
-    then at each fetch of a layer (:func:`copy_fetches`) its copy is gathered from the
-    owners of its slices: ``p * db * (R - 1)`` (:func:`gather_bytes`). Replicated: a ring
-    all-reduce of each layer's fp32 box sum, ``2 * p * 4 * (R - 1)`` over the machines."""
+def _exchange_layer_bytes(cfg: TrainConfig, shape: LayerShape, db: int, machines: Machines) -> int:
+    """One layer's gradients, all machines together: sharded, each machine's raw rows
+    (``cfg.devices``, one per worker; a tied entry's once per using layer) to their owners,
+    all but its own columns, ``K * p * db * (R - 1)`` whatever the slices; replicated, a ring
+    all-reduce of the fp32 box sum, ``2 * p * 4 * (R - 1)``. Each machine sends 1/R of it."""
     r = machines.count
     if r <= 1:
         return 0
-    if machines.sharded:
-        return exchange_bytes(cfg, shapes, db, machines) + gather_bytes(cfg, shapes, db, machines, on_cuda)
-    return sum(2 * s.params * 4 for s in shapes) * (r - 1)
+    return (cfg.devices * shape.params * db if machines.sharded else 2 * shape.params * 4) * (r - 1)
+
+
+def _gather_fetch_bytes(shape: LayerShape, db: int, machines: Machines) -> int:
+    """One fetch's gather of a layer's copy (sharded), all machines together: each owner's
+    slice to the R - 1 others, ``p * db * (R - 1)``; each machine sends 1/R of it."""
+    return shape.params * db * (machines.count - 1) if machines.sharded else 0
+
+
+def collective_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines,
+                     on_cuda: bool = False) -> int:
+    """Bytes all machines together send to each other in one step, to the EPS's collectives:
+    the gradients (:func:`exchange_bytes`) and, sharded, each fetch's gather of a copy
+    (:func:`gather_bytes`)."""
+    return exchange_bytes(cfg, shapes, db, machines) + gather_bytes(cfg, shapes, db, machines, on_cuda)
 
 
 def exchange_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines) -> int:
-    """Of :func:`collective_bytes`, the gradients' part: ``K * p * db * (R - 1)`` a layer when
-    sharded, the all-reduce when replicated (all of it)."""
-    r = machines.count
-    if r <= 1:
-        return 0
-    if machines.sharded:
-        return sum(cfg.devices * s.params * db for s in shapes) * (r - 1)
-    return collective_bytes(cfg, shapes, db, machines)
+    """Of :func:`collective_bytes`, the gradients' part (replicated: all of it)."""
+    return sum(_exchange_layer_bytes(cfg, s, db, machines) for s in shapes)
 
 
 def _gather_seconds(shape: LayerShape, db: int, machines: Machines) -> float:
     """One fetch's gather of a layer's device copy (sharded): R broadcasts, one from each
     owner of a slice; each machine receives all but its own, ``(R - 1) / R * n * db``."""
-    r = machines.count
-    return machines.seconds((r - 1) / r * shape.params * db) if machines.sharded else 0.0
+    return machines.seconds(_gather_fetch_bytes(shape, db, machines) / machines.count)
 
 
 def gather_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int, machines: Machines,
                  on_cuda: bool = False) -> int:
     """Bytes all machines together send each other in one step to gather the sharded EPS's
-    device copies: ``n * db * (R - 1)`` per fetch of a layer (:func:`copy_fetches`: twice a
-    step but the post stage's). The window (``GATHER_WINDOW`` entries) is too short to keep
-    a forward's copy for the backward."""
-    if not machines.sharded:
-        return 0
+    device copies: one gather per fetch of a layer (:func:`copy_fetches`: twice a step but
+    the post stage's). The window (``GATHER_WINDOW`` entries) is too short to keep a
+    forward's copy for the backward."""
     last = len(shapes) - 1
-    return sum(copy_fetches(i, last, on_cuda) * s.params * db for i, s in enumerate(shapes)) * (machines.count - 1)
+    return sum(copy_fetches(i, last, on_cuda) * _gather_fetch_bytes(s, db, machines) for i, s in enumerate(shapes))
 
 
 def _collective_seconds(cfg: TrainConfig, shape: LayerShape, db: int, machines: Machines) -> float:
     """One layer's collectives on its EPS thread, the bytes this machine sends at its link's
-    rate: sharded, the gradients' exchange (the copies are gathered on a thread of their
-    own: :func:`_gather_seconds`); replicated, the all-reduce."""
-    r = machines.count
-    if r <= 1:
-        return 0.0
-    if machines.sharded:
-        return machines.seconds(cfg.devices * shape.params * db * (r - 1) / r)
-    return machines.seconds(2 * shape.params * 4 * (r - 1) / r)
+    rate: the gradients' exchange (a sharded EPS gathers the copies on a thread of its own:
+    :func:`_gather_seconds`)."""
+    return machines.seconds(_exchange_layer_bytes(cfg, shape, db, machines) / machines.count)
 
 
 def _eps_seconds(cfg: TrainConfig, shape: LayerShape, rates: Rates, db: int, machines: Machines) -> float:

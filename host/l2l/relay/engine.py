@@ -126,9 +126,13 @@ class RelayEngine:
         """Start uploading layer ``i``'s weights (asynchronous transports only); the
         device buffers are booked as ``weights_prefetch`` until :meth:`_fetch` takes them."""
         if 0 <= i < len(self.layers) and i not in self._prefetched and self.transport.asynchronous:
-            pending = [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
+            pending = self._upload(i)
             self._prefetched[i] = pending
             self.ledger.add("weights_prefetch", sum(p.nbytes for p in pending))
+
+    def _upload(self, i: int) -> list:
+        """Layer ``i``'s entries, fetched from the EPS (on this worker's route) and sent to the device."""
+        return [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
 
     def _fetch(self, i: int) -> _FetchedLayer:
         resident = self._resident.pop(i, None)
@@ -138,7 +142,7 @@ class RelayEngine:
         if pending is not None:
             self.ledger.sub("weights_prefetch", sum(p.nbytes for p in pending))
         else:
-            pending = [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
+            pending = self._upload(i)
         parts = [(e, user, layout, p.wait()) for (e, user, layout), p in zip(self.parts[i], pending)]
         fetched = _FetchedLayer(self.layers[i], self.bindings[i], parts)
         self.ledger.add("weights", sum(_nbytes(w) for *_, w in parts))

@@ -173,18 +173,13 @@ class LentBuffers:
         self._alloc, self._fence = alloc, fence
         self._buffers: dict[tuple[int, str], list[tuple[np.ndarray, weakref.ref]]] = defaultdict(list)
         self._lock = threading.Lock()
-        self.allocated = 0
 
     def __call__(self, n: int, dtype: np.dtype) -> np.ndarray:
         key = (n, np.dtype(dtype).str)
         with self._lock:
             mine = self._buffers[key]
             i = next((i for i, (_, lent) in enumerate(mine) if lent() is None), None)
-            if i is None:
-                buf = self._alloc(n, dtype)
-                self.allocated += 1
-            else:
-                buf = mine.pop(i)[0]
+            buf = self._alloc(n, dtype) if i is None else mine.pop(i)[0]
         if i is not None:
             self._fence()
         lent = buf.view()
