@@ -104,7 +104,7 @@ class Twin:
     """One layer held by a fresh NumpyBackend and by the backend under test (``dut``), stepped in lockstep."""
 
     def __init__(self, backend, p, m=None, v=None, layer=None):
-        self.ref, self.dut = NumpyBackend(), backend
+        self.ref, self.dut = NumpyBackend(threads=1), backend
         self.layer = new_layer() if layer is None else layer
         self.n = p.shape[0]
         for be in (self.ref, self.dut):
@@ -209,6 +209,7 @@ def _hls_tile() -> int:
 HLS_TILE = _hls_tile()
 OPENCL_CHUNK = 12  # vectors a chunk takes at least, in tests: small layers cut into many chunks,
 # each one unrolled pass of eps_check (8 vectors) and a remainder
+NUMPY_GRAIN = 256  # elements a threaded NumPy range is a multiple of, in tests: small layers cut into ranges
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +243,14 @@ UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
                      edge_sizes=(1, *_around(8, 16, 384, 1536), 3001, 8193),
                      nonfinite_n=97 * 16 + 3,
                      nonfinite_at=(0, 65 * 16 + 3, 97 * 16 + 2)),
+    # NumPy on several threads (l2l/eps/threads.py): the layer cut into one contiguous range of
+    # whole grains per thread (the last takes the rest), each range walked in chunks; against
+    # one thread. Sizes around one, two and three grains (one range, then two, then three)
+    # and past them; the non-finite element in the first, second and last range.
+    BackendUnderTest(NumpyBackend.name, lambda: NumpyBackend(threads=3, grain=NUMPY_GRAIN),
+                     edge_sizes=(1, *_around(NUMPY_GRAIN, 2 * NUMPY_GRAIN, 3 * NUMPY_GRAIN), 3001),
+                     nonfinite_n=3 * NUMPY_GRAIN + 5,
+                     nonfinite_at=(0, NUMPY_GRAIN + 7, 3 * NUMPY_GRAIN + 4)),
     # HLS (hls/eps_kernels.cpp): tiles of HLS_TILE, one burst per contribution and tile; a few
     # small sizes too. The non-finite layer is two whole tiles and a partial one.
     BackendUnderTest(HlsCsimBackend.name, HlsCsimBackend,

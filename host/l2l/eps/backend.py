@@ -15,6 +15,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from .contract import StepScalars
+from .numerics import COPY_DTYPES, GRAD_DTYPES
 
 
 class EpsBackend(ABC):
@@ -93,6 +94,32 @@ class EpsBackend(ABC):
 
     def close(self) -> None:  # noqa: B027 -- optional: most backends hold nothing to release
         """Release device resources."""
+
+
+def check_step(grads, copy_out: np.ndarray, n: int) -> None:
+    """A step's arguments against the contract, all checked before anything is written:
+    K >= 1 contributions of one gradient dtype and ``n`` elements each, a writable device copy
+    of ``n`` elements in a copy dtype. ValueError names the first that is wrong."""
+    if len(grads) == 0:
+        raise ValueError("at least one gradient contribution")
+    if len({np.dtype(g.dtype) for g in grads}) != 1:
+        raise ValueError("gradient contributions must share one dtype")
+    if np.dtype(grads[0].dtype) not in GRAD_DTYPES.values():
+        raise ValueError(f"gradient of dtype {grads[0].dtype}; expected float32, bfloat16 or float16")
+    for g in grads:
+        if g.shape != (n,):
+            raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
+    check_copy(copy_out, n)
+
+
+def check_copy(copy_out: np.ndarray, n: int) -> None:
+    """A device copy to write: a copy dtype, ``n`` elements, writable."""
+    if copy_out.dtype not in COPY_DTYPES.values():
+        raise ValueError(f"device copy of dtype {copy_out.dtype}; expected float32, bfloat16 or float16")
+    if copy_out.shape != (n,):
+        raise ValueError(f"device copy of shape {copy_out.shape}, expected ({n},)")
+    if not copy_out.flags.writeable:
+        raise ValueError("device copy is read-only")
 
 
 def read_only(a: np.ndarray) -> np.ndarray:

@@ -15,7 +15,11 @@ import numpy as np
 
 from .contract import StepScalars
 
-CHUNK = 1 << 15  # elements per pass; 7 live fp32 arrays stay inside L2
+# Elements per pass. Each chunk's several passes (7 live fp32 arrays, 1.8 MiB) stay in the last
+# level cache. Measured on a 2-core EPYC host (16.8M elements, one update): 64K elements beat
+# 32K by 10% on one thread and by 15-30% on two, where each ufunc call (one GIL release and
+# reacquire) must carry enough work; 128K gave nothing more.
+CHUNK = 1 << 16
 
 COPY_DTYPES = {
     "fp32": np.dtype(np.float32),
@@ -102,6 +106,7 @@ def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
 
 def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch) -> None:
     n = p.shape[0]
+    s = _ZeroDim(s)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         k = hi - lo
@@ -126,6 +131,15 @@ def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch) -> None:
         np.add(pc, a, out=pc)                     # p' = p1 + (...)
         if copy_out is not None:
             device_copy(pc, copy_out[lo:hi])
+
+
+class _ZeroDim:
+    """The scalars as 0-d binary32 arrays: the same operands to a ufunc, taken in about half
+    the time of a NumPy scalar (less time holding the GIL, which threads contend for)."""
+
+    def __init__(self, s: StepScalars) -> None:
+        for name, value in zip(s.names(), s.as_tuple()):
+            setattr(self, name, np.asarray(value, dtype=np.float32))
 
 
 def device_copy(p: np.ndarray, out: np.ndarray) -> None:

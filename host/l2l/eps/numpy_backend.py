@@ -1,4 +1,5 @@
-"""The NumPy EPS: state in host DRAM, arithmetic by :mod:`l2l.eps.numerics` (the golden model)."""
+"""The NumPy EPS: state in host DRAM, arithmetic by :mod:`l2l.eps.numerics` (the golden model),
+on every core this process may use (:mod:`l2l.eps.threads`), with one thread's bits."""
 from __future__ import annotations
 
 import threading
@@ -7,14 +8,19 @@ from typing import Sequence
 import numpy as np
 
 from . import numerics
-from .backend import EpsBackend, adoptable, read_only
+from .backend import EpsBackend, adoptable, check_copy, check_step, read_only
 from .contract import StepScalars
+from .threads import RangePool, available_cpus
 
 
 class NumpyBackend(EpsBackend):
     name = "numpy"
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None, grain: int = numerics.CHUNK) -> None:
+        """``threads``: how many threads compute an update (default: every CPU in this
+        process's affinity mask); ``grain``: the elements a thread's range is a multiple of."""
+        self.threads = threads or available_cpus()
+        self._pool = RangePool(self.threads, grain)
         self._p: dict[int, np.ndarray] = {}
         self._m: dict[int, np.ndarray] = {}
         self._v: dict[int, np.ndarray] = {}
@@ -51,22 +57,30 @@ class NumpyBackend(EpsBackend):
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray) -> bool:
         n = self._p[layer].shape[0]
+        check_step(grads, copy_out, n)  # the ranges below see only slices of the arguments
         g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled contribution: itself, widened per chunk
         if g is not None:
-            if not numerics.all_finite(g):
-                return False
+            finite = self._pool.map(lambda lo, hi: numerics.all_finite(g[lo:hi]), n)
         else:
             g = self._reduced(n)
-            if not numerics.reduce_gradients(grads, scalars.inv_scale, g):
-                return False
-        p = self._p[layer]
-        numerics.adamw_update(p, self._m[layer], self._v[layer], g, scalars,
-                              copy_out=None if copy_out is p else copy_out, scratch=self._scratch())
+            finite = self._pool.map(lambda lo, hi: numerics.reduce_gradients(
+                [c[lo:hi] for c in grads], scalars.inv_scale, g[lo:hi]), n)
+        if not all(finite):  # every range checked before any is updated: a refused step changes nothing
+            return False
+        p, m, v = self._p[layer], self._m[layer], self._v[layer]
+        copy = None if copy_out is p else copy_out
+
+        def update(lo: int, hi: int) -> None:
+            numerics.adamw_update(p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], scalars,
+                                  copy_out=None if copy is None else copy[lo:hi], scratch=self._scratch())
+        self._pool.map(update, n)
         return True
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
-        if copy_out is not self._p[layer]:  # the master serving as its own copy is already written
-            numerics.device_copy(self._p[layer], copy_out)
+        p = self._p[layer]
+        check_copy(copy_out, p.shape[0])
+        if copy_out is not p:  # the master serving as its own copy is already written
+            self._pool.map(lambda lo, hi: numerics.device_copy(p[lo:hi], copy_out[lo:hi]), p.shape[0])
 
     def read_state(self, layer: int):
         return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
@@ -85,3 +99,6 @@ class NumpyBackend(EpsBackend):
         for store, src in pairs:
             store[layer][...] = src
 
+
+    def close(self) -> None:
+        self._pool.close()
