@@ -11,7 +11,8 @@ from . import distributed
 from .baseline import PlainEngine
 from .config import TrainConfig
 from .engine import Engine
-from .eps import AdamWHyper, EagerParamServer, make_backend
+from .eps import AdamWHyper, EagerParamServer
+from .eps.choice import build as build_backend
 from .eps.copy_window import DiskCopies
 from .eps.disk_tier import DiskTier, copy_layout
 from .eps.numerics import COPY_DTYPES
@@ -96,7 +97,7 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     transports = make_transports(devices)
     if cfg.eps_offload_copies and device.type == "cuda":
         raise UserError("--eps-offload-copies is not supported with --device cuda yet (docs/disk-tier.md)")
-    backend = make_backend(cfg.eps, **cfg.eps_options())
+    backend, choice = build_backend(cfg.eps_choice())
     copies = None
     if cfg.eps_offload is not None:
         try:
@@ -118,6 +119,7 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
         eps = EagerParamServer(backend, hyper_of(cfg), **common,
                                all_reduce=distributed.cross_machine_reduce() if world > 1 else None,
                                share_masters=device.type == "cpu", copies=copies)
+    eps.choice = choice
     m = cfg.micro_batches // world
     if cfg.devices == 1:
         return RelayEngine(stack, eps, device, micro_batches=m, stash=cfg.stash,
@@ -141,7 +143,7 @@ def worker_devices(device: torch.device, count: int) -> list[torch.device]:
 
 
 def relay(stack: LayerStack, *, lr: float = 3e-3, weight_decay: float = 0.01, betas: tuple[float, float] = (0.9, 0.99),
-          adam_eps: float = 1e-8, micro_batches: int = 4, device: str | torch.device = "cpu", eps: str = "numpy",
+          adam_eps: float = 1e-8, micro_batches: int = 4, device: str | torch.device = "cpu", eps: str = "auto",
           stash: str = "device", precision: str = "fp32", seed: int = 0) -> RelayEngine:
     """A relay engine for a stack of your own (the public API's entry point): the EPS with
     ``eps``'s backend holds the fp32 masters and runs AdamW; the relay runs each layer over

@@ -47,7 +47,8 @@ class TrainConfig:
     beta2: float = 0.99
     adam_eps: float = 1e-8
     device: str = "auto"
-    eps: str = "numpy"
+    eps: str = "auto"  # auto: the fastest EPS on this host's CPU (l2l.eps.choice), never a GPU
+    eps_threads: int | None = None  # threads of the CPU's EPS (numpy, opencl on a CPU); None: the affinity mask's CPUs
     cl_platform: str | None = None  # OpenCL EPS: platform index or name substring
     cl_device: str | None = None    # OpenCL EPS: device index or name substring
     cl_binary: str | None = None    # OpenCL EPS: precompiled program (.xclbin/.aocx/PoCL binary)
@@ -81,11 +82,11 @@ class TrainConfig:
     def plan_mode(self) -> str:
         return self.plan or ("auto" if self.progress else "off")
 
-    def eps_options(self) -> dict:
-        """Constructor options of the chosen EPS backend."""
-        if self.eps == "opencl":
-            return {"platform": self.cl_platform, "device": self.cl_device, "binary": self.cl_binary}
-        return {}
+    def eps_choice(self):
+        """The EPS backend this run gets (``--eps auto`` resolved on this host) and its options."""
+        from .eps.choice import choose
+        return choose(self.eps, cl_platform=self.cl_platform, cl_device=self.cl_device, cl_binary=self.cl_binary,
+                      threads=self.eps_threads)
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
@@ -118,9 +119,13 @@ class TrainConfig:
         need(self.init in ("pretrained", "random") or (self.init == "checkpoint" and self.resume),
              f"unknown --init {self.init!r}; choose pretrained or random")  # checkpoint: a resume's (run_model.py)
         from .eps import BACKENDS
-        need(self.eps in BACKENDS, f"unknown EPS backend {self.eps!r}; choose one of {', '.join(BACKENDS)}")
+        from .eps.choice import AUTO, check_threads
+        need(self.eps in BACKENDS or self.eps == AUTO,
+             f"unknown EPS backend {self.eps!r}; choose {AUTO} or one of {', '.join(BACKENDS)}")
         need(self.eps == "opencl" or not (self.cl_platform or self.cl_device or self.cl_binary),
-             "--cl-platform/--cl-device/--cl-binary apply to --eps opencl")
+             "--cl-platform/--cl-device/--cl-binary choose the device of --eps opencl (auto never takes a GPU "
+             "or an accelerator unnamed): add --eps opencl")
+        check_threads(self.eps, self.eps_threads)
         need(self.eps_offload is None or self.engine == "l2l",
              "--eps-offload applies to --engine l2l (the plain baseline has no EPS)")
         need(self.eps_offload is None or self.eps_offload.strip() != "", "--eps-offload needs a directory")

@@ -8,6 +8,8 @@ import torch
 
 from . import kernels
 from .eps import BACKENDS
+from .eps.choice import AUTO, choose
+from .eps.threads import available_cpus
 from .models import FAMILIES
 
 
@@ -16,7 +18,7 @@ def info_lines() -> list[str]:
         f"python      {platform.python_version()} ({platform.machine()})",
         f"torch       {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})",
         f"numpy       {np.__version__}",
-        f"cpu threads {torch.get_num_threads()}",
+        f"cpu threads {torch.get_num_threads()} (torch); {available_cpus()} CPUs this process may use",
     ]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -27,6 +29,8 @@ def info_lines() -> list[str]:
     for name, cls in BACKENDS.items():
         ok, why = cls.availability()
         lines.append(f"eps {name:<9} {'available' if ok else 'unavailable'}: {why}")
+    auto = choose(AUTO, threads=None)
+    lines.append(f"eps auto      takes {auto.name} on {auto.target} ({auto.why})")
     for kind in kernels.SOURCES:  # where the kernel sources were found: package data or a checkout
         lines.append(f"source {kind:<6} {kernels.describe(kind)}")
     lines.append(f"models      {', '.join(FAMILIES)}")

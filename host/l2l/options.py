@@ -74,7 +74,11 @@ RELAY = (
            "gradients (default: the whole batch at once)", action="store_true"),
 )
 EPS = (
-    Option("--eps", "EPS backend: numpy | opencl | hls-csim (default %(default)s; see `l2l info`)"),
+    Option("--eps", "EPS backend: auto | numpy | opencl | hls-csim; auto: the fastest on this host's CPU, the "
+           "OpenCL EPS on an OpenCL CPU device, else NumPy on every core; never a GPU (default %(default)s; "
+           "`l2l info` says what auto takes here)"),
+    Option("--eps-threads", "threads of the EPS on the CPU (numpy, or opencl on a CPU device; default: every CPU "
+           "this process may run on)", int),
     Option("--cl-platform", "OpenCL platform: index or name substring (env L2L_CL_PLATFORM)"),
     Option("--cl-device", "OpenCL device: index or name substring (env L2L_CL_DEVICE)"),
     Option("--cl-binary", "precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS"),

@@ -64,6 +64,7 @@ class RunSummary:
     # for "state" and "copies" (their per-entry read and write counts too); docs/disk-tier.md
     eps_disk: dict | None = None
     eps_disk_at_start: dict | None = None  # the ledger's totals before the first step (eps_disk_now)
+    eps: dict | None = None  # the EPS backend: asked (auto or a name), backend, what it runs on, why (l2l.eps.choice)
 
 
 def _rng_meta() -> dict:
@@ -222,6 +223,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     say(f"l2l: {cfg.engine} engine, {_model_line(cfg, stack)} ({stack.num_params / 1e6:.2f}M params) on {device}"
         + (f" x {cfg.devices} workers" if cfg.devices > 1 else "")
         + (f", {world} machines" if world > 1 else "") + f"; data: {corpus.description}")
+    eps = getattr(engine, "eps", None)  # the plain baseline has none
+    if eps is not None and eps.choice is not None:
+        say(f"l2l: {eps.choice.line(eps.backend)}")
     if saved is not None:
         say(f"l2l: resumed from {saved.path} at step {start}")
     if plan is not None:
@@ -300,6 +304,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          host_stash_bytes=host_stash,
                          params=stack.num_params)
     summary.machines_weights_sha256 = digests
+    if eps is not None and eps.choice is not None:
+        summary.eps = eps.choice.record(eps.backend)
     # under torchrun: the final masters' digest, equal for any number of machines (and to
     # distributed.weights_digest of the last checkpoint's tensors, which a one-process run has)
     summary.weights_sha256 = digests[0] if digests else None

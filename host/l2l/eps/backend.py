@@ -26,6 +26,10 @@ class EpsBackend(ABC):
         """(usable here, one-line reason); shown by ``l2l info``."""
         return True, "ok"
 
+    def describe(self) -> str:
+        """What this instance runs on, in a few words (a run's first lines, summary.json)."""
+        return self.name
+
     @abstractmethod
     def allocate(self, layer: int, p: np.ndarray) -> None:
         """Create the layer's state: master weights ``p`` (fp32), zero moments."""

@@ -26,6 +26,9 @@ class NumpyBackend(EpsBackend):
         self._v: dict[int, np.ndarray] = {}
         self._local = threading.local()  # per-thread scratch: no allocation per update
 
+    def describe(self) -> str:
+        return f"{self.threads} CPU thread{'s' if self.threads > 1 else ''}"
+
     def _scratch(self):
         if not hasattr(self._local, "scratch"):
             self._local.scratch = numerics.make_scratch()

@@ -62,6 +62,9 @@ class OffloadedBackend(EpsBackend):
         self.reads_ahead = 0   # updates served by the read-ahead
         self.reads_on_demand = 0  # updates that waited for their read
 
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, its state in files in {self.tier.directory}"
+
     # ------------------------------------------------------------ order
     def expect(self, order: list[int]) -> None:
         order = [e for e in order if e in self.tier.numels]

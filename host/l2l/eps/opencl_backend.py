@@ -12,8 +12,10 @@ on a CPU device, mapped. All on one in-order queue, waited for once, with the
 flag reset behind the wait for the next step.
 
 Platform and device: ``platform``/``device`` options or ``L2L_CL_PLATFORM`` /
-``L2L_CL_DEVICE`` (an index or a case-insensitive substring of the name). By
-default the first accelerator or GPU device is taken, else the first device.
+``L2L_CL_DEVICE`` (an index or a case-insensitive substring of the name). Unnamed,
+the device is a CPU one (kernels built from source), or with a prebuilt binary an
+accelerator (the FPGA card it was built for); a GPU only when named: it is the
+training's GPU, whose memory and time the relay needs.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from ..errors import UserError
 from .backend import EpsBackend
 from .contract import StepScalars
 from .numerics import COPY_DTYPES
+from .threads import available_cpus
 
 KERNEL_SOURCE = kernels.source_path("opencl")  # fpga/opencl/eps.cl, or its installed copy (l2l.kernels)
 BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2"]
@@ -110,30 +113,80 @@ def _pick(items, want: str | None, what: str):
     raise UserError(f"no OpenCL {what} matches {want!r}; found: {', '.join(i.name for i in items)}")
 
 
-def choose_device(platform: str | None = None, device: str | None = None):
-    """(platform, device) by option, environment variable, or the default rule."""
-    cl = _cl()
+def _platforms(cl) -> list:
     try:
-        platforms = cl.get_platforms()
+        return cl.get_platforms()
+    except cl.Error:  # the ICD loader's "no platform" (PLATFORM_NOT_FOUND_KHR)
+        return []
+
+
+def _devices(cl, plat) -> list:
+    try:
+        return plat.get_devices()
     except cl.Error:
-        platforms = []
+        return []
+
+
+def choose_device(platform: str | None = None, device: str | None = None, *, binary: bool = False):
+    """(platform, device) by option, environment variable, or the default rule: the first CPU
+    device, or with a prebuilt ``binary`` the first accelerator, then the other of the two. A
+    GPU only when named (UserError when it is all there is)."""
+    cl = _cl()
+    platforms = _platforms(cl)
     if not platforms:
         raise UserError(f"no OpenCL platform found; {INSTALL_HINT}")
     chosen_platform = _pick(platforms, platform or os.environ.get("L2L_CL_PLATFORM"), "platform")
-    candidates = []
-    for plat in [chosen_platform] if chosen_platform else platforms:
-        try:
-            candidates += [(plat, dev) for dev in plat.get_devices()]
-        except cl.Error:
-            continue
+    candidates = [(plat, dev) for plat in ([chosen_platform] if chosen_platform else platforms)
+                  for dev in _devices(cl, plat)]
     if not candidates:
         raise UserError(f"no OpenCL device found; {INSTALL_HINT}")
     wanted = device or os.environ.get("L2L_CL_DEVICE")
     if wanted:
         dev = _pick([d for _, d in candidates], wanted, "device")
         return next((p, d) for p, d in candidates if d == dev)
-    fast = [c for c in candidates if c[1].type & (cl.device_type.ACCELERATOR | cl.device_type.GPU)]
-    return (fast or candidates)[0]
+    kinds = (cl.device_type.ACCELERATOR, cl.device_type.CPU) if binary else (cl.device_type.CPU, cl.device_type.ACCELERATOR)
+    for kind in kinds:
+        for plat, dev in candidates:
+            if dev.type & kind:
+                return plat, dev
+    names = ", ".join(d.name.strip() for _, d in candidates)
+    raise UserError(f"the OpenCL devices here are GPUs ({names}): the EPS runs on one only when named "
+                    f"(--cl-device NAME), since it shares the GPU with the training; or use --eps numpy")
+
+
+def cpu_device() -> tuple[tuple[int, int] | None, str]:
+    """The first OpenCL CPU device as (platform index, device index within it), and its
+    description; or None and why there is none. Never raises: ``--eps auto`` asks it."""
+    try:
+        cl = _cl()
+    except UserError:
+        return None, "pyopencl is not installed (pip install 'l2l[opencl]')"
+    platforms = _platforms(cl)
+    for pi, plat in enumerate(platforms):
+        for di, dev in enumerate(_devices(cl, plat)):
+            if dev.type & cl.device_type.CPU:
+                return (pi, di), f"{dev.name.strip()} on {plat.name.strip()}"
+    if not platforms:
+        return None, f"no OpenCL platform ({INSTALL_HINT})"
+    return None, f"no OpenCL CPU device ({INSTALL_HINT})"
+
+
+def _with_threads(cl, dev, threads: int | None):
+    """``dev``, or with ``threads`` fewer than its compute units a sub-device of that many (the
+    EPS kept to its share of the cores; by default the CPUs in this process's affinity mask);
+    ``threads`` applies to a CPU device only."""
+    if threads is None and dev.type & cl.device_type.CPU:  # the cores this process may use, not the machine's
+        threads = min(available_cpus(), dev.max_compute_units)
+    if threads is None or threads == dev.max_compute_units:
+        return dev
+    if not dev.type & cl.device_type.CPU:
+        raise UserError(f"--eps-threads applies to an OpenCL CPU device, not {dev.name.strip()}")
+    if threads > dev.max_compute_units:
+        raise UserError(f"--eps-threads {threads}: {dev.name.strip()} has {dev.max_compute_units} compute units")
+    try:
+        return dev.create_sub_devices([cl.device_partition_property.EQUALLY, threads])[0]
+    except cl.Error as exc:
+        raise UserError(f"--eps-threads {threads}: {dev.name.strip()} cannot be divided ({exc})") from None
 
 
 class OpenCLBackend(EpsBackend):
@@ -147,9 +200,13 @@ class OpenCLBackend(EpsBackend):
             return False, str(exc)
         return True, f"{dev.name.strip()} on {plat.name.strip()}"
 
+    def describe(self) -> str:
+        return (f"{self.device.name.strip()} ({self.platform.name.strip()}), "
+                f"{self.device.max_compute_units} compute unit{'s' if self.device.max_compute_units > 1 else ''}")
+
     def __init__(self, platform: str | None = None, device: str | None = None,
                  binary: str | None = None, launch: str = "auto", min_chunk: int = MIN_CHUNK,
-                 vector_width: int | None = None) -> None:
+                 vector_width: int | None = None, threads: int | None = None) -> None:
         """``launch``: the work shape (``launch_shape``). "chunks": a work-item per long
         contiguous chunk of vectors, the shape for a CPU; "vectors": a work-item per vector,
         the shape for a GPU; "task": a single work-item that walks everything, the shape of
@@ -158,7 +215,8 @@ class OpenCLBackend(EpsBackend):
         Every shape gives the same bits. ``min_chunk``: the fewest vectors a chunk takes
         (tests make it small to cut small layers into many chunks). ``vector_width``: the
         kernels' VW, 8 or 16; by default 16 where the device's preferred float vector is that
-        wide (AVX-512 CPUs), else 8. The bits do not depend on it either."""
+        wide (AVX-512 CPUs), else 8. The bits do not depend on it either. ``threads``: on a
+        CPU device, the compute units (PoCL's threads) the kernels run on (default: all)."""
         if launch not in LAUNCHES:
             raise ValueError(f"launch must be one of {', '.join(LAUNCHES)}, not {launch!r}")
         if min_chunk < 1:
@@ -167,7 +225,8 @@ class OpenCLBackend(EpsBackend):
             raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}, not {vector_width}")
         self._min_chunk = min_chunk
         cl = self._cl = _cl()
-        self.platform, self.device = choose_device(platform, device)
+        self.platform, self.device = choose_device(platform, device, binary=binary is not None)
+        self.device = _with_threads(cl, self.device, threads)
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context, self.device)
         self.streaming_stores = False  # whether the built program writes the copy with streaming stores

@@ -89,6 +89,7 @@ class EagerParamServer:
         if contributors < 1:
             raise ValueError("contributors must be >= 1")
         self.backend = backend
+        self.choice = None  # how the backend was chosen (l2l.eps.choice.EpsChoice), for the run's record
         self.hyper = hyper  # read at push time: a schedule may change lr between steps
         self.copy_dtype = COPY_DTYPES[copy_dtype]
         self.grad_dtype = GRAD_DTYPES[grad_dtype]

@@ -62,25 +62,32 @@ def measure_link(device: torch.device, nbytes: int = 64 << 20, repeats: int = 5)
 
 
 def measure_eps(name: str = "numpy", numel: int = 4 << 20, repeats: int = 3, **options) -> float:
-    """Elements/s of one EPS layer update (reduce one fp32 gradient, AdamW, fp32 copy)."""
-    import numpy as np
-
-    from ..eps import AdamWHyper, StepScalars, make_backend
+    """Elements/s of one EPS layer update (reduce one fp32 gradient, AdamW, fp32 copy) on a new
+    backend ``name``."""
+    from ..eps import make_backend
     backend = make_backend(name, **options)
     try:
-        rng = np.random.default_rng(0)
-        backend.allocate(0, rng.standard_normal(numel, dtype=np.float32))
-        grads = (rng.standard_normal((1, numel), dtype=np.float32) * np.float32(1e-3))
-        copy = np.empty(numel, np.float32)
-        step = iter(range(1, 1 << 30))
-        hyper = AdamWHyper()
-
-        def run():
-            backend.step(0, grads, StepScalars.compute(hyper, next(step), divisor=1.0), copy)
-        run()
-        return numel / _median_time(run, repeats)
+        return measure_backend(backend, numel, repeats)
     finally:
         backend.close()
+
+
+def measure_backend(backend, numel: int = 4 << 20, repeats: int = 3) -> float:
+    """Elements/s of one update of a ``numel``-element layer on ``backend`` (layer 0 is taken)."""
+    import numpy as np
+
+    from ..eps import AdamWHyper, StepScalars
+    rng = np.random.default_rng(0)
+    backend.allocate(0, rng.standard_normal(numel, dtype=np.float32))
+    grads = (rng.standard_normal((1, numel), dtype=np.float32) * np.float32(1e-3))
+    copy = np.empty(numel, np.float32)
+    step = iter(range(1, 1 << 30))
+    hyper = AdamWHyper()
+
+    def run():
+        backend.step(0, grads, StepScalars.compute(hyper, next(step), divisor=1.0), copy)
+    run()
+    return numel / _median_time(run, repeats)
 
 
 def synthetic_batch(cfg: TrainConfig, seed: int = 0):
@@ -204,8 +211,8 @@ def _least_squares(points: list[dict]) -> tuple[float, float]:
     return (say * snn - sny * san) / det, (saa * sny - san * say) / det
 
 
-def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = None, *, eps: str | None = None,
-                  eps_options: dict | None = None, calibrate_steps: bool = True, layers: int = 4,
+def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = None, *,
+                  calibrate_steps: bool = True, layers: int = 4,
                   steps: int = 5, dtype_bytes: int | None = None) -> Rates:
     """The rates of this machine for ``cfg`` (default: the default TrainConfig).
 
@@ -214,7 +221,8 @@ def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = 
       as they are set now;
     * link: pinned host<->device copies of 64 MiB on CUDA; None on the CPU
       (zero-copy);
-    * EPS: one update of a 4M-element layer with ``cfg.eps``'s backend;
+    * EPS: one update of a 4M-element layer with the backend ``cfg`` gets (``--eps auto``
+      resolved as the run resolves it);
     * efficiency and per-call cost: :func:`calibrate`, ``steps`` relay steps of
       ``cfg`` cut to ``layers`` blocks at M = 1 and 8 (about 6 s for the bench's
       d 256 shape on this project's CPU); with ``calibrate_steps`` False,
@@ -227,10 +235,14 @@ def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = 
              8: torch.float64}.get(db, torch.float32)
     flops = measure_matmul(device, (cfg.batch_size // cfg.micro_batches) * cfg.seq_len, cfg.d_model, dtype=dtype)
     link_in, link_out = measure_link(device)
-    name = eps or cfg.eps
-    eps_rate = measure_eps(name, **(eps_options if eps_options is not None else cfg.eps_options()))
-    notes = {"device": str(device), "torch_threads": torch.get_num_threads(), "eps_backend": name,
-             "measured": ["compute", "link", "eps"]}
+    from ..eps.choice import build
+    backend, choice = build(cfg.eps_choice())
+    try:
+        eps_rate = measure_backend(backend)
+        notes = {"device": str(device), "torch_threads": torch.get_num_threads(), "eps_backend": choice.name,
+                 "eps_runs_on": backend.describe(), "measured": ["compute", "link", "eps"]}
+    finally:
+        backend.close()
     rates = Rates(flops_per_s=flops, link_bytes_per_s=link_in, link_out_bytes_per_s=link_out,
                   eps_elems_per_s=eps_rate, device=device.type, notes=notes)
     if calibrate_steps:
