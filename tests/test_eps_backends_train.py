@@ -25,7 +25,7 @@ def numpy_run(tmp_path_factory):
     """The NumPy EPS's 6-step run of TINY, the reference every other backend's run must equal
     (made once for the session)."""
     ref, r = cli_once(tmp_path_factory, "eps_backends_train-numpy",
-                      lambda out: run_cli("train", *TINY, "--steps", "6", "--out", str(out)))
+                      lambda out: run_cli("train", *TINY, "--steps", "6", "--eps", "numpy", "--out", str(out)))
     assert r.returncode == 0, r.stderr
     return ref
 
@@ -75,7 +75,7 @@ def test_bad_binary_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cl-binary" in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
     r = run_cli("train", *TINY, "--steps", "1", "--out", str(tmp_path / "run2"), "--cl-device", "0")
-    assert r.returncode == 2 and "apply to --eps opencl" in r.stderr
+    assert r.returncode == 2 and "choose the device of --eps opencl" in r.stderr
 
 
 def test_program_binary_through_the_cli_trains_identically(tmp_path, numpy_run, program_binary):

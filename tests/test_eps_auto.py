@@ -1,0 +1,146 @@
+"""``--eps auto``, the default: the fastest EPS on the host's CPU, never the GPU.
+
+A GPU box with its vendor's OpenCL driver lists the GPU before PoCL's CPU device; here a
+stand-in GPU is listed first (tests/standin_gpu_l2l.py runs ``l2l`` with it). Auto and an
+unnamed ``--eps opencl`` must take the CPU device; the GPU runs the EPS only when named; with no
+OpenCL CPU device auto takes the NumPy EPS on every core. Each run says what it took in its
+first lines and summary.json, and every choice trains to the same bits.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from l2l.errors import UserError
+from l2l.eps import choice as eps_choice
+from l2l.eps import NumpyBackend, opencl_backend
+from l2l.metrics import read_metrics
+
+from conftest import ROOT, run_cli, run_python
+from shared_runs import cli_once
+
+STANDIN = str(ROOT / "tests" / "standin_gpu_l2l.py")
+TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
+        "--micro-batches", "2", "--eval-batches", "1", "--eval-every", "0", "--steps", "3", "--no-plot",
+        "--plan", "off"]
+
+
+def standin(*args: str, env: dict | None = None):
+    """``l2l ARGS`` with the stand-in GPU listed first."""
+    return run_python(STANDIN, *args, env=env)
+
+
+@pytest.fixture(scope="module")
+def auto_run(tmp_path_factory):
+    """The default run (no --eps) on the host with the stand-in GPU listed first."""
+    out, r = cli_once(tmp_path_factory, "eps_auto-standin", lambda out: standin("train", *TINY, "--out", str(out)))
+    assert r.returncode == 0, r.stderr
+    return out, r
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def _losses(out: Path) -> list[float]:
+    return [x["loss"] for x in read_metrics(out / "metrics.jsonl")] + [_summary(out)["final_val_loss"]]
+
+
+def test_auto_takes_the_cpu_device_not_the_gpu_listed_first(auto_run):
+    out, r = auto_run
+    eps = _summary(out)["eps"]
+    assert eps["asked"] == "auto" and eps["backend"] == "opencl", eps
+    assert not eps["runs_on"].startswith("Stand-in GPU"), eps
+    line = next(x for x in r.stdout.splitlines() if x.startswith("l2l: EPS "))
+    assert line.startswith(f"l2l: EPS opencl on {eps['runs_on']}") and "--eps auto" in line, line
+
+
+def test_info_says_what_auto_takes():
+    r = standin("info")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("eps auto"))
+    assert "takes opencl on" in line and "Stand-in" not in line, line
+
+
+def test_unnamed_opencl_takes_the_cpu_and_a_named_gpu_runs_with_the_same_bits(auto_run, tmp_path):
+    unnamed = standin("train", *TINY, "--eps", "opencl", "--out", str(tmp_path / "unnamed"))
+    assert unnamed.returncode == 0, unnamed.stderr
+    assert not _summary(tmp_path / "unnamed")["eps"]["runs_on"].startswith("Stand-in GPU")
+    named = standin("train", *TINY, "--eps", "opencl", "--cl-device", "stand-in gpu", "--out", str(tmp_path / "gpu"))
+    assert named.returncode == 0, named.stderr
+    assert _summary(tmp_path / "gpu")["eps"]["runs_on"].startswith("Stand-in GPU (Stand-in GPU platform)")
+    assert _losses(tmp_path / "gpu") == _losses(tmp_path / "unnamed") == _losses(auto_run[0])
+
+
+def test_without_an_opencl_cpu_device_auto_takes_numpy_on_every_core(auto_run, tmp_path):
+    empty = tmp_path / "no-icds"
+    empty.mkdir()
+    r = run_cli("train", *TINY, "--out", str(tmp_path / "run"), env={"OCL_ICD_VENDORS": str(empty)})
+    assert r.returncode == 0, r.stderr
+    eps = _summary(tmp_path / "run")["eps"]
+    cpus = len(os.sched_getaffinity(0))
+    assert eps["backend"] == "numpy" and eps["runs_on"] == f"{cpus} CPU thread{'s' if cpus > 1 else ''}", eps
+    assert "no OpenCL platform" in eps["why"], eps
+    assert _losses(tmp_path / "run") == _losses(auto_run[0])
+
+
+def test_eps_threads_sets_the_cpu_eps_threads(tmp_path):
+    r = run_cli("train", *TINY, "--eps-threads", "1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert _summary(tmp_path / "run")["eps"]["runs_on"].endswith(", 1 compute unit")
+    for bad, says in ((["--eps-threads", "0"], "at least 1"), (["--eps", "hls-csim", "--eps-threads", "2"],
+                                                                "applies to --eps auto, numpy or opencl")):
+        r = run_cli("train", *TINY, *bad, "--out", str(tmp_path / "bad"))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+
+
+class _Device:
+    def __init__(self, name: str, kind: int) -> None:
+        self.name, self.type = name, kind
+
+
+class _Platform:
+    def __init__(self, name: str, devices: list) -> None:
+        self.name, self._devices = name, devices
+
+    def get_devices(self):
+        return self._devices
+
+
+def test_opencl_device_rule(monkeypatch):
+    """Unnamed: a CPU device, or with a binary an accelerator; a GPU only when named."""
+    cl = opencl_backend._cl()
+    t = cl.device_type
+    gpu, cpu, fpga = _Device("Vendor GPU", t.GPU), _Device("Host CPU", t.CPU), _Device("FPGA card", t.ACCELERATOR)
+    monkeypatch.setattr(cl, "get_platforms", lambda: [_Platform("gpu", [gpu]), _Platform("fpga", [fpga]),
+                                                      _Platform("cpu", [cpu])])
+    assert opencl_backend.choose_device()[1] is cpu
+    assert opencl_backend.choose_device(binary=True)[1] is fpga
+    assert opencl_backend.choose_device(device="vendor")[1] is gpu
+    assert opencl_backend.cpu_device()[0] == (2, 0)
+    monkeypatch.setattr(cl, "get_platforms", lambda: [_Platform("gpu", [gpu])])
+    with pytest.raises(UserError, match="only when named"):
+        opencl_backend.choose_device()
+    assert opencl_backend.cpu_device()[0] is None
+
+
+def test_auto_falls_back_to_numpy_when_the_opencl_eps_does_not_start(monkeypatch):
+    made = []
+
+    def make_backend(name, **options):
+        if name == "opencl":
+            raise RuntimeError("building eps.cl failed:\nsome compiler log")
+        made.append(name)
+        return NumpyBackend(**options)
+    monkeypatch.setattr(eps_choice, "make_backend", make_backend)
+    asked = eps_choice.EpsChoice("auto", "opencl", {"platform": "0", "device": "0", "threads": None}, "listed")
+    backend, chosen = eps_choice.build(asked)
+    try:
+        assert made == ["numpy"] and chosen.name == "numpy"
+        assert "did not start (building eps.cl failed:)" in chosen.why
+    finally:
+        backend.close()
+    with pytest.raises(RuntimeError):  # a backend named by --eps fails with its own error
+        eps_choice.build(eps_choice.EpsChoice("opencl", "opencl", {}))
