@@ -33,30 +33,32 @@ PIP    := $(BIN)/python -m pip install -q --no-compile --disable-pip-version-che
 NEED_TORCH = $$($(BIN)/python -c 'import torch' 2>/dev/null || echo '$(TORCH)')
 
 $(VENV)/.setup: pyproject.toml | $(BIN)/python
-	$(PIP) $(NEED_TORCH) -e '.[hf]'
+	$(PIP) $(NEED_TORCH) -e '.[hf,opencl]'
+	@$(MAKE) --no-print-directory opencl-platform
 	touch $@
 
 # Not on top of .setup: one pip run installs the test extras with everything make train needs.
 $(VENV)/.setup-test: pyproject.toml | $(BIN)/python
-	$(PIP) $(NEED_TORCH) -e '.[hf,test]'
+	$(PIP) $(NEED_TORCH) -e '.[hf,opencl,test]'
 	@$(MAKE) --no-print-directory opencl-platform
 	@$(MAKE) --no-print-directory rtl-tools
 	touch $(VENV)/.setup $@
 
-# The OpenCL EPS runs on any OpenCL platform; CI and CPU machines use PoCL.
-# As root on Debian: the pocl-opencl-icd package. Otherwise: PoCL from PyPI
-# into the venv (pocl-binary-distribution), after saying so.
+# The fast CPU EPS is the OpenCL one on an OpenCL CPU platform (--eps auto takes it). The
+# opencl extra brings PoCL from PyPI (Linux x86-64); as root on Debian the system's
+# pocl-opencl-icd is installed too, and listed first (the platform CI tests on). Then: what
+# --eps auto takes on this machine.
 opencl-platform: | $(BIN)/python
-	@if $(BIN)/python -c 'import pyopencl as cl, sys; sys.exit(0 if cl.get_platforms() else 1)' 2>/dev/null; then \
-	  echo "OpenCL platform: $$($(BIN)/python -c 'import pyopencl as cl; print(cl.get_platforms()[0].name)')"; \
+	@if ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1; then \
+	  echo "OpenCL: the system's platforms ($$(cd /etc/OpenCL/vendors && echo *.icd))"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing Debian pocl-opencl-icd (OpenCL on the CPU)"; \
+	  echo "installing Debian pocl-opencl-icd (OpenCL on the CPU: the fast CPU EPS)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd >/dev/null; \
 	else \
-	  echo "no OpenCL platform: not root, so installing PoCL from PyPI into $(VENV) (pocl-binary-distribution);"; \
+	  echo "OpenCL: no system platform and not root: PoCL from PyPI (the opencl extra) where it has a wheel;"; \
 	  echo "  system-wide instead: sudo apt-get install pocl-opencl-icd"; \
-	  $(BIN)/python -m pip install -q pocl-binary-distribution; \
 	fi
+	@$(BIN)/python -c 'from l2l.eps.choice import AUTO, choose; c = choose(AUTO); print(f"EPS: --eps auto takes {c.name} on {c.target} ({c.why})")'
 
 # The RTL EPS (fpga/rtl) is simulated with Icarus Verilog through cocotb and
 # its area estimated with yosys: Debian's iverilog and yosys, installed as root.

@@ -144,3 +144,40 @@ def test_auto_falls_back_to_numpy_when_the_opencl_eps_does_not_start(monkeypatch
         backend.close()
     with pytest.raises(RuntimeError):  # a backend named by --eps fails with its own error
         eps_choice.build(eps_choice.EpsChoice("opencl", "opencl", {}))
+
+
+def _cpu_platforms() -> list[int]:
+    """Indices of the OpenCL platforms with a CPU device (the system's PoCL, the opencl extra's)."""
+    try:
+        cl = opencl_backend._cl()
+        return [i for i, p in enumerate(cl.get_platforms())
+                if any(d.type & cl.device_type.CPU for d in p.get_devices())]
+    except Exception:  # noqa: BLE001 -- none listed: the test below says so
+        return []
+
+
+@pytest.mark.parametrize("platform", _cpu_platforms() or [None])
+def test_every_opencl_cpu_platform_here_gives_the_numpy_bits(platform):
+    """Whichever CPU platform auto finds first (Debian's PoCL, PyPI's pocl-binary-distribution),
+    the EPS's bits are NumPy's: three steps of a layer of several chunks, fp32 and bf16 copies."""
+    assert platform is not None, "no OpenCL CPU platform: make setup installs one"
+    import numpy as np
+    from l2l.eps import AdamWHyper, OpenCLBackend, StepScalars
+    from l2l.eps.numerics import COPY_DTYPES
+    rng = np.random.default_rng(platform)
+    n = 70_001
+    p0 = rng.standard_normal(n, dtype=np.float32)
+    cl_be, ref = OpenCLBackend(platform=str(platform), min_chunk=64), NumpyBackend(threads=1)
+    try:
+        for be in (cl_be, ref):
+            be.allocate(0, p0)
+        for t, dtype in zip((1, 2, 3), ("fp32", "bf16", "fp32")):
+            g = (rng.standard_normal((2, n), dtype=np.float32) * np.float32(1e-3))
+            s = StepScalars.compute(AdamWHyper(), t, loss_scale=4.0)
+            copies = [np.empty(n, COPY_DTYPES[dtype]) for _ in range(2)]
+            assert cl_be.step(0, g, s, copies[0]) and ref.step(0, g, s, copies[1])
+            assert copies[0].view(np.uint8).tobytes() == copies[1].view(np.uint8).tobytes(), (platform, t)
+        for a, b in zip(cl_be.read_state(0), ref.read_state(0)):
+            assert a.view(np.uint32).tobytes() == b.view(np.uint32).tobytes()
+    finally:
+        cl_be.close()
