@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="l2l plan", description="Predict a relay step's time and memory from the model's shape and "
                "the machine's rates (measured here unless given).")
     add_options(p, MODEL + BATCH + DEVICE)
-    add_options(p, [o for o in RELAY + EPS if o.flag in ("--stash", "--precision", "--devices", "--eps",
+    add_options(p, [o for o in RELAY + EPS if o.flag in ("--stash", "--precision", "--devices", "--eps", "--eps-threads",
                                                   "--eps-offload", "--eps-offload-window",
                                                   "--eps-offload-copies", "--eps-layout")])
     p.add_argument("--dtype-bytes", type=int, default=None,

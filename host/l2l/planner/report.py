@@ -41,6 +41,7 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
         + (f" + {rates.per_call_s * 1e6:.0f} µs per call" if rates.per_call_s else "")
         + ", link " + ("zero-copy" if rates.zero_copy else _si(rates.link_bytes_per_s, "B/s"))
         + ", EPS " + _si(rates.eps_elems_per_s, "elem/s")
+        + (f" ({rates.notes['eps_backend']} on {rates.notes['eps_runs_on']})" if rates.notes.get("eps_runs_on") else "")
         + (f"  (measured: {', '.join(rates.notes['measured'])}"
            + ("; calibrated on relay steps" if "calibration" in rates.notes else "") + ")"
            if rates.notes.get("measured") else ""),
