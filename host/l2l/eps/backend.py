@@ -25,6 +25,13 @@ class EpsBackend(ABC):
         """(usable here, one-line reason); shown by ``l2l info``."""
         return True, "ok"
 
+    @classmethod
+    def shares_masters(cls, **options) -> bool:
+        """Whether one built with ``options`` gives its masters as the CPU device's fp32 copies
+        (:meth:`master_as_copy`), said without building one: the planner counts the copies by
+        it. Default: no."""
+        return False
+
     @abstractmethod
     def allocate(self, layer: int, p: np.ndarray) -> None:
         """Create the layer's state: master weights ``p`` (fp32), zero moments."""

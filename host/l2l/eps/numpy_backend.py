@@ -14,6 +14,10 @@ from .contract import StepScalars
 class NumpyBackend(EpsBackend):
     name = "numpy"
 
+    @classmethod
+    def shares_masters(cls, **options) -> bool:
+        return True
+
     def __init__(self) -> None:
         self._p: dict[int, np.ndarray] = {}
         self._m: dict[int, np.ndarray] = {}
