@@ -213,8 +213,8 @@ class OpenCLBackend(EpsBackend):
         self._host_align = max(64, self.device.mem_base_addr_align // 8)  # the device's base alignment, in bytes
         self._zero_copy = cpu and self._computes_in_host_memory()
         if cpu and not self._zero_copy:
-            warnings.warn(f"OpenCL: {self.device.name.strip()} does not compute in the host memory it is "
-                          f"given (USE_HOST_PTR): the EPS keeps its state, gradients and copies in buffers "
+            warnings.warn(f"OpenCL: {self.device.name.strip()} was not seen computing in the host memory it "
+                          f"is given (USE_HOST_PTR): the EPS keeps its state, gradients and copies in buffers "
                           f"of the runtime's own, and the masters do not serve as the copies "
                           f"(4 more bytes a parameter)", RuntimeWarning, stacklevel=2)
 
