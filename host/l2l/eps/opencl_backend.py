@@ -340,10 +340,13 @@ class OpenCLBackend(EpsBackend):
         lets a runtime cache the memory instead, synced only at maps (a map then returns the
         host address all the same, so comparing addresses proves nothing); the EPS would train
         on stale gradients and weights. So eps_copy_f32 copies a host-written array into
-        another, twice over: the second copy must see the second write, and the host both."""
+        another, twice over: the second copy must see the second write, and the host both.
+        The arrays start 4 bytes past the device's alignment, as the least aligned memory
+        wrapped does (an inbox or a copy aligned only to its elements): a runtime that
+        caches only such memory fails too."""
         if "eps_copy_f32" not in self._kernels:
             return False
-        src, dst = (aligned_empty(PROBE_N, np.float32, self._host_align) for _ in range(2))
+        src, dst = (aligned_empty(PROBE_N + 1, np.float32, self._host_align)[1:] for _ in range(2))
         src[...], dst[...] = 1.0, 0.0
         bufs = [self._new_buffer(a.nbytes, "eps_copy_f32", arg, hostbuf=_bytes_view(a))
                 for a, arg in ((src, "p"), (dst, "copy"))]
