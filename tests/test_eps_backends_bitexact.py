@@ -580,6 +580,51 @@ def test_server_matches_numpy(backend, grad_dtype, copy_dtype, contributors):
         got.close()
 
 
+def test_server_sharing_masters_matches_numpy(backend):
+    """EagerParamServer(share_masters=True), as on the CPU device in fp32: a backend that says
+    it gives its masters as the copies (the OpenCL EPS on a CPU device) does, and the server
+    keeps no copy of its own (copy_bytes); one that does not keeps its copies. Either way
+    the run is NumPy's bit for bit, through a non-finite step and a checkpoint load."""
+    rng = rng_for(backend, "shared masters")
+    sizes = [257, 3001]
+    layers = [new_layer() for _ in sizes]
+    ref = EagerParamServer(NumpyBackend(), SERVER_HYPER, share_masters=True)
+    got = EagerParamServer(UNDER_TEST[backend.name].make(), SERVER_HYPER, share_masters=True)
+    try:
+        for layer, n in zip(layers, sizes):
+            p = (rng.standard_normal(n) * 0.05).astype(np.float32)
+            ref.add_layer(layer, p)
+            got.add_layer(layer, p)
+        shares = type(got.backend).shares_masters()
+        assert shares is (got.backend.master_as_copy(layers[0]) is not None)
+        assert ref.copy_bytes == 0 and got.copy_bytes == (0 if shares else 4 * sum(sizes))
+        assert not shares or all(got.fetch(layer) is got.backend.master_as_copy(layer) for layer in layers)
+
+        def one_step(step, bad_layer=None):
+            for layer, n in zip(layers, sizes):
+                g = (rng.standard_normal(n) * 1e-2).astype(np.float32)
+                if layer == bad_layer:
+                    g[n // 3] = np.inf
+                for srv in (ref, got):
+                    srv.gradient_inbox(layer)[:] = g
+                    srv.push_gradient(layer, divisor=1.0)
+            _assert_servers_agree(ref, got, layers, f"step {step}")
+
+        for step in range(1, 6):
+            one_step(step, bad_layer=layers[1] if step == 3 else None)
+        tensors = {f"layer{layer}.{k}": a for layer, n in zip(layers, sizes)
+                   for k, a in zip("pmv", wide_state(rng, n))}
+        meta = {"steps": {str(layer): 7 for layer in layers}}
+        for srv in (ref, got):
+            srv.load_state(tensors, meta)
+        _assert_servers_agree(ref, got, layers, "after load_state")
+        for step in range(6, 8):
+            one_step(step)
+    finally:
+        ref.close()
+        got.close()
+
+
 # --------------------------------------------------------------------------
 # arguments refused, degenerate layers
 # --------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Training with the OpenCL or HLS C-sim EPS is training with the NumPy EPS, bit for bit."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -65,6 +67,22 @@ def test_checkpoints_cross_between_backends(tmp_path, eps, numpy_run):
            [x["loss"] for x in read_metrics(mixed / "metrics.jsonl")]
     want, got = load_latest(ref).tensors, load_latest(mixed).tensors
     assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_opencl_run_is_the_numpy_run_without_a_copy(tmp_path, numpy_run):
+    """``l2l train --eps opencl`` on the CPU is the NumPy run's 6 steps, bit for bit (every loss,
+    the final checkpoint), and like the NumPy EPS it keeps no fp32 copy beside its masters
+    (the server's copy_bytes in summary.json), with nothing said about the runtime."""
+    run = tmp_path / "opencl"
+    r = run_cli("train", *TINY, "--steps", "6", "--out", str(run), "--eps", "opencl", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeWarning" not in r.stderr, r.stderr
+    assert [x["loss"] for x in read_metrics(numpy_run / "metrics.jsonl")] == \
+           [x["loss"] for x in read_metrics(run / "metrics.jsonl")]
+    want, got = load_latest(numpy_run).tensors, load_latest(run).tensors
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+    for out in (numpy_run, run):
+        assert json.loads((out / "summary.json").read_text())["eps_copy_bytes"] == 0, out
 
 
 def test_bad_binary_is_one_line_exit_2(tmp_path):

@@ -254,3 +254,144 @@ def test_device_copy_bits_do_not_depend_on_its_alignment(streaming, vector_width
                         f"copy {cdtype} at 64+{misalign} t={t}", expect_finite=t != 2, copies=copies)
     finally:
         be.close()
+
+
+# --------------------------------------------------------------------------
+# CPU devices: the state in host memory, the master as the fp32 copy
+# --------------------------------------------------------------------------
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def test_the_master_serves_as_the_fp32_copy_bit_for_bit():
+    """On a CPU device p is a host array, handed out by master_as_copy; steps writing the copy
+    into it (one non-finite among them) and into separate bf16/fp16/fp32 copies between them
+    match the golden model with its own master as copy. The update kernel gets p's own buffer
+    as its copy (no second buffer over p's memory), and write_copy into p does nothing."""
+    rng = np.random.default_rng(11)
+    n = 16 * 300 + 5
+    be, ref = OpenCLBackend(min_chunk=12), NumpyBackend()
+    try:
+        assert be._zero_copy
+        p0 = rng.standard_normal(n).astype(np.float32)
+        be.allocate(0, p0)
+        ref.allocate(0, p0)
+        mine, golden = be.master_as_copy(0), ref.master_as_copy(0)
+        assert mine.dtype == np.float32 and mine.ctypes.data % be._host_align == 0
+        assert not np.shares_memory(mine, p0)
+        be.write_copy(0, mine)  # a no-op: nothing enqueued, nothing changed
+        assert_same(mine, p0, "p after write_copy into itself")
+        separate = itertools.cycle([None, "bf16", "fp16", "fp32"])
+        for t in range(1, 10):  # the last into the master
+            grads = (rng.standard_normal((2, n)) * 1e-2).astype(np.float32)
+            if t == 4:
+                grads[1, n // 2] = np.nan
+            s = StepScalars.compute(AdamWHyper(lr=1e-2), t, divisor=2.0)
+            cdtype = next(separate)
+            if cdtype is None:
+                a, b = mine, golden
+            else:
+                a, b = (np.zeros(n, COPY_DTYPES[cdtype]) for _ in range(2))
+            assert be.step(0, grads, s, a) is ref.step(0, grads, s, b) is (t != 4)
+            assert_same(a, b, f"step {t}: copy {cdtype or 'the master'}")
+            for name, x, y in zip("pmv", be.state_view(0), ref.state_view(0)):
+                assert_same(x, y, f"step {t}: {name}")
+        args = be._last_args["eps_update_f32_f32"]
+        assert args[1] is args[4] is be._state[0][0]
+        assert all(key[0] != mine.ctypes.data for key in be._host_buffers)
+    finally:
+        be.close()
+
+
+def test_state_in_host_memory_round_trip():
+    """state_view hands the host arrays themselves, read-only; read_state and read_master
+    copies; write_state writes into them; adopt takes writable aligned fp32 vectors as they
+    are (others copied); release forgets the layer; a re-adopted layer updates like NumPy's."""
+    from l2l.hostmem import aligned_empty
+    rng = np.random.default_rng(12)
+    n = 1000
+    be, ref = OpenCLBackend(), NumpyBackend()
+    try:
+        state = wide_state(rng, n)
+        mine = [aligned_empty(n, np.float32, 4096) for _ in range(3)]
+        for dst, src in zip(mine, state):
+            dst[...] = src
+        be.adopt(0, *mine)
+        ref.adopt(0, *(a.copy() for a in state))
+        view = be.state_view(0)
+        assert all(v.ctypes.data == a.ctypes.data and not v.flags.writeable for v, a in zip(view, mine))
+        assert be.master_as_copy(0) is mine[0]
+        copies = be.read_state(0)
+        assert all(not np.shares_memory(c, a) for c, a in zip(copies, mine))
+        assert not np.shares_memory(be.read_master(0), mine[0])
+        s = StepScalars.compute(AdamWHyper(), 2)
+        g = [(rng.standard_normal(n) * 1e-3).astype(np.float32)]
+        assert be.step(0, g, s, mine[0]) and ref.step(0, g, s, ref.master_as_copy(0))
+        for name, x, y in zip("pmv", mine, ref.state_view(0)):  # updated in the adopted arrays
+            assert_same(x, y, f"adopted {name} after a step")
+        loaded = wide_state(rng, n)
+        be.write_state(0, *loaded)
+        for x, y in zip(mine, loaded):
+            assert_same(x, y, "write_state into the host arrays")
+        be.release(0)
+        assert 0 not in be._state and 0 not in be._host
+        with pytest.raises(KeyError):
+            be.master_as_copy(0)
+        # not adoptable as they are: float64, read-only, misaligned for the device
+        raw = np.zeros(n + 1, np.float32)
+        odd = raw[1:] if raw[1:].ctypes.data % be._host_align else raw[:-1]
+        odd[...] = loaded[0]
+        frozen = loaded[1].copy()
+        frozen.flags.writeable = False
+        be.adopt(1, odd, frozen, loaded[2].astype(np.float64))
+        ref.write_state(0, *loaded)
+        taken = be.state_view(1)
+        assert not any(np.shares_memory(x, y) for x, y in zip(taken, (odd, frozen)))
+        assert all(x.ctypes.data % be._host_align == 0 for x in taken)
+        assert be.step(1, g, s, be.master_as_copy(1)) and ref.step(0, g, s, ref.master_as_copy(0))
+        for name, x, y in zip("pmv", be.read_state(1), ref.read_state(0)):
+            assert_same(x, y, f"copied-in {name} after a step")
+    finally:
+        be.close()
+
+
+def test_a_runtime_that_copies_host_memory_keeps_device_buffers(monkeypatch):
+    """A runtime may cache a USE_HOST_PTR buffer's memory (the spec allows it; a map still
+    returns the host address). Played here by buffers that copy the host memory when made:
+    the probe sees the stale copy, the backend warns and keeps its state, gradients and
+    copies in buffers of its own, gives no master as the copy, and still gives NumPy's bits."""
+    from l2l.eps import EagerParamServer
+
+    def copying_buffer(self, nbytes, owner, arg, hostbuf=None):
+        mf = self._cl.mem_flags
+        buf = (self._cl.Buffer(self.context, mf.READ_WRITE, max(nbytes, 4)) if hostbuf is None else
+               self._cl.Buffer(self.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=hostbuf))
+        self._bind(owner, arg, buf)
+        return buf
+
+    monkeypatch.setattr(OpenCLBackend, "_new_buffer", copying_buffer)
+    with pytest.warns(RuntimeWarning, match="not seen computing in the host memory"):
+        be = OpenCLBackend()
+    assert not be._zero_copy
+    hyper = AdamWHyper(lr=1e-2)
+    got = EagerParamServer(be, hyper, share_masters=True)
+    ref = EagerParamServer(NumpyBackend(), hyper, share_masters=True)
+    try:
+        rng = np.random.default_rng(13)
+        n = 3001
+        w = rng.standard_normal(n).astype(np.float32)
+        for srv in (got, ref):
+            srv.add_layer(0, w)
+        assert be.master_as_copy(0) is None and got.copy_bytes == 4 * n and ref.copy_bytes == 0
+        for step in range(3):
+            g = rng.standard_normal(n).astype(np.float32)
+            for srv in (got, ref):
+                srv.gradient_inbox(0)[...] = g
+                srv.push_gradient(0, divisor=1.0)
+                srv.synchronize()
+            assert_same(got.fetch(0), ref.fetch(0), f"step {step}: copy")
+    finally:
+        got.close()
+        ref.close()

@@ -620,8 +620,9 @@ def test_a_relay_step_holds_a_few_inboxes_not_one_per_layer(corpus):
 
 
 def test_fp32_masters_serve_as_the_copies_where_the_device_reads_host_memory():
-    """share_masters (the CPU device): the fetched copy is the NumPy EPS's p itself, and the
-    run is bit for bit the one with a separate copy; bf16 copies and other backends keep theirs."""
+    """share_masters (the CPU device): the fetched copy is the NumPy EPS's p itself, so the server
+    keeps no copy bytes, and the run is bit for bit the one with a separate copy; bf16 copies and
+    other backends keep theirs."""
     shared = EagerParamServer(NumpyBackend(), HYPER, share_masters=True)
     apart = EagerParamServer(NumpyBackend(), HYPER)
     rng = np.random.default_rng(3)
@@ -630,6 +631,7 @@ def test_fp32_masters_serve_as_the_copies_where_the_device_reads_host_memory():
         srv.add_layer(0, w)
     assert shared.fetch(0) is shared.backend.master_as_copy(0)
     assert not np.shares_memory(apart.fetch(0), apart.backend.master_as_copy(0))
+    assert shared.copy_bytes == 0 and apart.copy_bytes == 4 * 1000
     for step in range(3):
         g = rng.standard_normal(1000).astype(np.float32)
         for srv in (shared, apart):
@@ -641,4 +643,4 @@ def test_fp32_masters_serve_as_the_copies_where_the_device_reads_host_memory():
         assert np.array_equal(shared.state_tensors()[k], a), k
     bf16 = EagerParamServer(NumpyBackend(), HYPER, copy_dtype="bf16", grad_dtype="bf16", share_masters=True)
     bf16.add_layer(0, w)
-    assert bf16.fetch(0).dtype != np.float32
+    assert bf16.fetch(0).dtype != np.float32 and bf16.copy_bytes == 2 * 1000

@@ -102,6 +102,28 @@ def test_memory_terms_equal_the_relay_ledger(corpus, stash, precision):
     assert p.activation_bytes == max(24 * 32 * 32, (2 * 256 + 2 * 32) * 32) * db
 
 
+@pytest.mark.parametrize("eps", ["numpy", "opencl", "hls-csim"])
+def test_the_planned_copies_are_the_servers(eps):
+    """On the CPU in fp32 the planner counts a device copy only where the EPS keeps one beside
+    its masters: the server's own account (copy_bytes) of an engine built for the config. The
+    NumPy EPS and the OpenCL EPS on a CPU device keep none (eps.shares_masters says which, without
+    building one); bf16 copies are always kept."""
+    from l2l.eps import shares_masters
+    for precision in ("fp32", "bf16"):
+        cfg = TrainConfig(layers=2, d_model=32, heads=2, seq_len=16, batch_size=2, micro_batches=1,
+                          precision=precision, device="cpu", eps=eps)
+        p = predict(cfg, Rates(flops_per_s=1e9))
+        engine = build_engine(cfg, build_stack(cfg.model_config(), 0), CPU)
+        try:
+            assert p.host_state_bytes == 12 * p.params + engine.eps.copy_bytes, precision
+            if precision == "fp32":
+                assert (engine.eps.copy_bytes == 0) is shares_masters(eps, **cfg.eps_options())
+        finally:
+            engine.close()
+    assert shares_masters("numpy") and not shares_masters("hls-csim") and not shares_masters("no such eps")
+    assert not shares_masters("opencl", device="no such device")
+
+
 def test_memory_with_prefetch_and_half_precision():
     cfg = TrainConfig(layers=4, d_model=256, heads=4, seq_len=16, batch_size=2, micro_batches=1)
     n = 12 * 256 * 256 + 13 * 256

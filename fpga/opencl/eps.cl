@@ -118,8 +118,10 @@ inline void store1_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(
 // write whole lines without that read. The host defines L2L_NT_STORES only
 // when the device is the x86 CPU it runs on (opencl_backend.py); the update
 // uses them only when the copy buffer is aligned for them (a whole register:
-// 4 VW bytes for an fp32 copy, 2 VW for a 16-bit one), and fences once per
-// work-item (they are weakly ordered).
+// 4 VW bytes for an fp32 copy, 2 VW for a 16-bit one) and is not p itself (on
+// a CPU device the fp32 masters serve as their own copy: a streaming store to
+// the line just stored to made the update 7.6 times slower, a plain one costs
+// nothing), and fences once per work-item (they are weakly ordered).
 // Only the route of the bits to memory changes, never the bits. p, m and v,
 // read just before they are written, gain nothing from it (streaming them too
 // measured slower when the host grants more bandwidth, and alike otherwise).
@@ -243,11 +245,11 @@ EPS_CHECK(f16, ushort)
 // makes them visible before the kernel completes.
 
 #ifdef L2L_NT_STORES
-#define STREAMING(C, copy) ((((size_t)(copy)) & NT_ALIGN_##C) == 0)
+#define STREAMING(C, copy, p) ((((size_t)(copy)) & NT_ALIGN_##C) == 0 && (size_t)(copy) != (size_t)(p))
 #define STOREV_COPY(C, copy, j, x, nt) do { if (nt) storeVnt_##C(copy, j, x); else storeV_##C(copy, j, x); } while (0)
 #define FENCE_IF(nt) do { if (nt) NT_FENCE(); } while (0)
 #else
-#define STREAMING(C, copy) 0
+#define STREAMING(C, copy, p) 0
 #define STOREV_COPY(C, copy, j, x, nt) storeV_##C(copy, j, x)
 #define FENCE_IF(nt) do { } while (0)
 #endif
@@ -263,7 +265,7 @@ __kernel void eps_update_##G##_##C(                                             
     if (*finite == 0) return;                                                          \
     const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
     const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
-    const int nt = STREAMING(C, copy);                                                 \
+    const int nt = STREAMING(C, copy, p);                                              \
     for (size_t j = lo; j < hi; ++j) {                                                 \
         REDUCEV(G, gr, j, n, k, acc)                                                   \
         const floatV g = acc * inv_scale;                                              \

@@ -65,6 +65,9 @@ class RunSummary:
     eps_disk: dict | None = None
     eps_disk_at_start: dict | None = None  # the ledger's totals before the first step (eps_disk_now)
     eps: dict | None = None  # the EPS backend: asked (auto or a name), backend, what it runs on, why (l2l.eps.choice)
+    # the EPS's device copies in host memory apart from its masters (EagerParamServer.copy_bytes):
+    # 0 on the CPU in fp32 where the masters serve as the copies; None without an EPS
+    eps_copy_bytes: int | None = None
 
 
 def _rng_meta() -> dict:
@@ -315,6 +318,8 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     if sharded(engine) and cfg.steps > start:  # what the machines sent each other a step, all together
         eps = engine.eps
         summary.collective_bytes_per_step = float(eps.net.sum_f64("the byte count", [eps.sent_bytes])[0]) / (cfg.steps - start)
+    if getattr(engine, "eps", None) is not None:
+        summary.eps_copy_bytes = engine.eps.copy_bytes
     if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
         summary.eps_disk = engine.eps.disk_io()
         summary.eps_disk_at_start = disk_at_start

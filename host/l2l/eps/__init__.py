@@ -27,6 +27,13 @@ def make_backend(name: str, **options) -> EpsBackend:
     return cls(**options)
 
 
+def shares_masters(name: str, **options) -> bool:
+    """Whether EPS backend ``name`` built with ``options`` gives its fp32 masters as the CPU
+    device's copies (:meth:`EpsBackend.shares_masters`), without building it."""
+    cls = BACKENDS.get(name)
+    return cls is not None and cls.shares_masters(**options)
+
+
 __all__ = ["AdamWHyper", "BACKENDS", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "NumpyBackend",
            "OpenCLBackend",
-           "StepScalars", "make_backend"]
+           "StepScalars", "make_backend", "shares_masters"]

@@ -29,6 +29,12 @@ class EpsBackend(ABC):
     def describe(self) -> str:
         """What this instance runs on, in a few words (a run's first lines, summary.json)."""
         return self.name
+    @classmethod
+    def shares_masters(cls, **options) -> bool:
+        """Whether one built with ``options`` gives its masters as the CPU device's fp32 copies
+        (:meth:`master_as_copy`), said without building one: the planner counts the copies by
+        it. Default: no."""
+        return False
 
     @abstractmethod
     def allocate(self, layer: int, p: np.ndarray) -> None:

@@ -16,6 +16,10 @@ from .threads import RangePool, available_cpus
 class NumpyBackend(EpsBackend):
     name = "numpy"
 
+    @classmethod
+    def shares_masters(cls, **options) -> bool:
+        return True
+
     def __init__(self, threads: int | None = None, grain: int = numerics.CHUNK) -> None:
         """``threads``: how many threads compute an update (default: every CPU in this
         process's affinity mask); ``grain``: the elements a thread's range is a multiple of."""

@@ -23,6 +23,7 @@ import os
 import platform as host_platform
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -30,7 +31,8 @@ import numpy as np
 
 from .. import kernels
 from ..errors import UserError
-from .backend import EpsBackend
+from ..hostmem import aligned_empty
+from .backend import EpsBackend, adoptable, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES
 from .threads import available_cpus
@@ -56,6 +58,7 @@ KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
 BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
                "update": {"gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5},
                "copy": {"p": 0, "copy": 1}}
+PROBE_N = 4 * 16 + 3  # elements of the zero-copy probe: whole vectors of either width and a tail
 
 _PROBE = """
 import sys, pyopencl as cl
@@ -204,6 +207,18 @@ class OpenCLBackend(EpsBackend):
         return (f"{self.device.name.strip()} ({self.platform.name.strip()}), "
                 f"{self.device.max_compute_units} compute unit{'s' if self.device.max_compute_units > 1 else ''}")
 
+    @classmethod
+    def shares_masters(cls, platform: str | None = None, device: str | None = None, binary: str | None = None,
+                       **options) -> bool:
+        """Where the device chosen is a CPU; a runtime that then fails the zero-copy probe
+        (:meth:`_computes_in_host_memory`) is reported when the backend is built, and its
+        copies counted by the server (``EagerParamServer.copy_bytes``). No OpenCL: no."""
+        try:
+            _, dev = choose_device(platform, device, binary=binary is not None)
+        except UserError:
+            return False
+        return bool(dev.type & _cl().device_type.CPU)
+
     def __init__(self, platform: str | None = None, device: str | None = None,
                  binary: str | None = None, launch: str = "auto", min_chunk: int = MIN_CHUNK,
                  vector_width: int | None = None, threads: int | None = None) -> None:
@@ -235,13 +250,12 @@ class OpenCLBackend(EpsBackend):
         self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
         self._check_kernels(binary)
-        # On a CPU device the "device memory" is host memory: gradients and the
-        # device copy are used in place instead of being copied through buffers.
-        self._zero_copy = cpu = bool(self.device.type & cl.device_type.CPU)
+        cpu = bool(self.device.type & cl.device_type.CPU)
         self._shape = {name: launch if launch != "auto" else
                        "task" if self._is_task(kernel) else "chunks" if cpu else "vectors"
                        for name, kernel in self._kernels.items()}
-        self._state: dict[int, tuple] = {}
+        self._state: dict[int, tuple] = {}  # layer -> its (p, m, v) buffers
+        self._host: dict[int, tuple[np.ndarray, ...]] = {}  # layer -> the host arrays they wrap (zero-copy)
         self._numel: dict[int, int] = {}
         self._scratch: dict[str, object] = {}
         self._last_args: dict[str, tuple] = {}
@@ -251,6 +265,18 @@ class OpenCLBackend(EpsBackend):
         self._flag = self._new_buffer(4, *self._home("finite"))
         self._flag_reset = np.ones(1, np.int32)  # never changed: the source of non-blocking resets
         cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=True)
+        # On a CPU device the "device memory" is host memory: gradients, the device copy and
+        # each layer's p, m, v are host arrays the kernels use in place (USE_HOST_PTR), once
+        # the runtime is seen to do so (_computes_in_host_memory). Checkpoints then read the
+        # state in place, the disk tier hands its own arrays in, and p serves as the fp32
+        # device copy (master_as_copy): 12 bytes a parameter, as on the NumPy EPS.
+        self._host_align = max(64, self.device.mem_base_addr_align // 8)  # the device's base alignment, in bytes
+        self._zero_copy = cpu and self._computes_in_host_memory()
+        if cpu and not self._zero_copy:
+            warnings.warn(f"OpenCL: {self.device.name.strip()} was not seen computing in the host memory it "
+                          f"is given (USE_HOST_PTR): the EPS keeps its state, gradients and copies in buffers "
+                          f"of the runtime's own, and the masters do not serve as the copies "
+                          f"(4 more bytes a parameter)", RuntimeWarning, stacklevel=2)
 
     # ------------------------------------------------------------ program
     def _build(self, binary: str | None):
@@ -368,6 +394,49 @@ class OpenCLBackend(EpsBackend):
             self._host_buffers.pop(next(iter(self._host_buffers)))
         return buf
 
+    def _computes_in_host_memory(self) -> bool:
+        """Whether kernels read and write a USE_HOST_PTR buffer's host memory itself, between
+        maps: the host fills the inboxes and the relay reads the masters that way. The spec
+        lets a runtime cache the memory instead, synced only at maps (a map then returns the
+        host address all the same, so comparing addresses proves nothing); the EPS would train
+        on stale gradients and weights. So eps_copy_f32 copies a host-written array into
+        another, twice over: the second copy must see the second write, and the host both.
+        The arrays start 4 bytes past the device's alignment, as the least aligned memory
+        wrapped does (an inbox or a copy aligned only to its elements): a runtime that
+        caches only such memory fails too."""
+        if "eps_copy_f32" not in self._kernels:
+            return False
+        src, dst = (aligned_empty(PROBE_N + 1, np.float32, self._host_align)[1:] for _ in range(2))
+        src[...], dst[...] = 1.0, 0.0
+        bufs = [self._new_buffer(a.nbytes, "eps_copy_f32", arg, hostbuf=_bytes_view(a))
+                for a, arg in ((src, "p"), (dst, "copy"))]
+        for value in (1.0, 2.0):
+            src[...] = value
+            self._launch("eps_copy_f32", PROBE_N, *bufs, np.uint32(PROBE_N))
+            self.queue.finish()
+            if not (dst == value).all():
+                return False
+        return True
+
+    def _wrap_state(self, layer: int, arrays: tuple[np.ndarray, ...]) -> None:
+        """Make host arrays ``(p, m, v)`` the layer's state: each wrapped by a buffer bound to
+        its argument (none for an empty layer: no zero-length buffer)."""
+        n = arrays[0].shape[0]
+        self._host[layer] = arrays
+        self._state[layer] = tuple(self._new_buffer(a.nbytes, *self._home(arg), hostbuf=_bytes_view(a))
+                                   for a, arg in zip(arrays if n else (), "pmv"))
+        self._numel[layer] = n
+
+    def _kernel_array(self, a: np.ndarray) -> np.ndarray:
+        """``a`` itself where the kernels may keep and update it (:func:`adoptable`, aligned
+        as the device wants its buffers), else such a copy of it."""
+        a = adoptable(a)
+        if a.ctypes.data % self._host_align == 0:
+            return a
+        out = aligned_empty(a.shape[0], np.float32, self._host_align)
+        out[...] = a
+        return out
+
     def _check_kernels(self, binary: str | None) -> None:
         """A program, above all a vendor-built binary, must expose the EPS kernels with
         the argument counts of fpga/ARGS.md; say which one is wrong before training."""
@@ -444,6 +513,13 @@ class OpenCLBackend(EpsBackend):
         cl = self._cl
         p = np.ascontiguousarray(p, dtype=np.float32)
         n = p.shape[0]
+        if self._zero_copy:  # p copied, zero moments: host arrays the kernels work in
+            arrays = tuple(aligned_empty(n, np.float32, self._host_align) for _ in range(3))
+            arrays[0][...] = p
+            for a in arrays[1:]:
+                a[...] = 0.0
+            self._wrap_state(layer, arrays)
+            return
         bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in ("p", "m", "v"))
         if n:
             cl.enqueue_copy(self.queue, bufs[0], p)
@@ -455,12 +531,19 @@ class OpenCLBackend(EpsBackend):
         self._numel[layer] = n
 
     def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        """New buffers filled from ``p, m, v`` at once (allocate and write_state would write the
-        moments twice)."""
-        arrays = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (p, m, v)]
+        """On a CPU device the arrays themselves where the kernels may work in them
+        (:meth:`_kernel_array`): no copy. Elsewhere new buffers filled from them at once
+        (allocate and write_state would write the moments twice)."""
+        if self._zero_copy:
+            arrays = [self._kernel_array(a) for a in (p, m, v)]
+        else:
+            arrays = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (p, m, v)]
         n = arrays[0].shape[0]
         if any(a.shape != (n,) for a in arrays):
             raise ValueError(f"layer {layer}: p, m, v of shapes {[a.shape for a in arrays]}")
+        if self._zero_copy:
+            self._wrap_state(layer, tuple(arrays))
+            return
         bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in ("p", "m", "v"))
         for host, dev in zip(arrays, bufs if n else ()):
             self._cl.enqueue_copy(self.queue, dev, host, is_blocking=False)
@@ -468,9 +551,19 @@ class OpenCLBackend(EpsBackend):
         self._state[layer] = bufs
         self._numel[layer] = n
 
+    def master_as_copy(self, layer: int) -> np.ndarray | None:
+        """The host array ``p`` on a CPU device: the update kernel then gets its buffer as the
+        copy too (the same buffer: two USE_HOST_PTR buffers over one memory are undefined)."""
+        return self._host[layer][0] if self._zero_copy else None
+
+    def _is_master(self, layer: int, copy_out: np.ndarray) -> bool:
+        """Whether ``copy_out`` is the layer's host ``p`` itself (:meth:`master_as_copy`)."""
+        return layer in self._host and copy_out is self._host[layer][0]
+
     def release(self, layer: int) -> None:
         self.queue.finish()
         self._state.pop(layer, None)
+        self._host.pop(layer, None)
         self._numel.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
@@ -482,8 +575,8 @@ class OpenCLBackend(EpsBackend):
             return True
         g, c, s = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype], scalars
         gbuf, k = self._gradients_in(grads, f"eps_update_{g}_{c}")
-        target = self._copy_target(copy_out, f"eps_update_{g}_{c}")
         p, m, v = self._state[layer]
+        target = (p, True) if self._is_master(layer, copy_out) else self._copy_target(copy_out, f"eps_update_{g}_{c}")
         flag = np.zeros(1, np.int32)
         try:
             self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale, k=k)
@@ -503,7 +596,7 @@ class OpenCLBackend(EpsBackend):
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
         _check_copy(copy_out, n)
-        if n == 0:
+        if n == 0 or self._is_master(layer, copy_out):  # the master serving as its own copy is already written
             return
         name = f"eps_copy_{_SUFFIX[copy_out.dtype]}"
         target = self._copy_target(copy_out, name)
@@ -546,7 +639,10 @@ class OpenCLBackend(EpsBackend):
         return self._read(layer, 1)[0]
 
     def _read(self, layer: int, regions: int) -> tuple[np.ndarray, ...]:
-        """Host copies of the first ``regions`` of the layer's ``p, m, v`` buffers."""
+        """Host copies of the first ``regions`` of the layer's ``p, m, v``."""
+        if layer in self._host:
+            self.queue.finish()
+            return tuple(a.copy() for a in self._host[layer][:regions])
         n = self._numel[layer]
         out = tuple(np.empty(n, np.float32) for _ in range(regions))
         for host, dev in zip(out, self._state[layer] if n else ()):
@@ -560,9 +656,21 @@ class OpenCLBackend(EpsBackend):
         for a in arrays:  # check all before writing any
             if a.shape != (n,):
                 raise ValueError(f"layer {layer}: state of shape {a.shape}, expected ({n},)")
+        if layer in self._host:
+            self.queue.finish()
+            for dst, src in zip(self._host[layer], arrays):
+                dst[...] = src
+            return
         for host, dev in zip(arrays, self._state[layer] if n else ()):
             self._cl.enqueue_copy(self.queue, dev, host, is_blocking=False)
         self.queue.finish()
+
+    def state_view(self, layer: int):
+        """The host arrays themselves, read-only, on a CPU device (after the queue's work)."""
+        if layer not in self._host:
+            return super().state_view(layer)
+        self.queue.finish()
+        return tuple(read_only(a) for a in self._host[layer])
 
     def close(self) -> None:
         self.queue.finish()

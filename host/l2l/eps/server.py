@@ -101,6 +101,7 @@ class EagerParamServer:
         self._contributors: dict[int, int] = {}
         self._steps: dict[int, int] = {}
         self._copies: dict[int, np.ndarray] = {}
+        self._shared: set[int] = set()  # layers whose copy is the backend's master itself
         self._inboxes: dict[int, np.ndarray] = {}  # layer -> its (contributors, n) block, while in flight
         self._free_inboxes: dict[tuple[int, int], list[np.ndarray]] = {}  # (contributors, n) -> spare blocks
         self.inbox_blocks = 0  # blocks ever allocated: the layers in flight at once, not the depth
@@ -142,9 +143,12 @@ class EagerParamServer:
                 return
             if self.share_masters and self.copy_dtype == np.float32:
                 shared = self.backend.master_as_copy(layer)
-        self._copies[layer] = shared if shared is not None else self._alloc(self._copy_numel(layer), self.copy_dtype)
-        if shared is None:
-            self._fill_copy(layer, p)
+        if shared is not None:
+            self._copies[layer] = shared
+            self._shared.add(layer)
+            return
+        self._copies[layer] = self._alloc(self._copy_numel(layer), self.copy_dtype)
+        self._fill_copy(layer, p)
 
     def _copy_numel(self, layer: int) -> int:
         """The elements of the layer's device copy this EPS keeps: all (a sharded EPS: its slice's)."""
@@ -173,6 +177,13 @@ class EagerParamServer:
         held = self.copies.buffer(layer)
         self.backend.write_copy(layer, held.array)
         self.copies.store(layer, held)
+
+    @property
+    def copy_bytes(self) -> int:
+        """Host bytes of the device copies kept apart from the masters: none where each master
+        serves as its copy (``share_masters`` and a backend that gives them, so a backend that
+        could not shows here); the copy files' window (``copies``) is not counted."""
+        return sum(c.nbytes for layer, c in self._copies.items() if layer not in self._shared)
 
     @property
     def layers(self) -> list[int]:

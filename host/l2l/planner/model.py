@@ -64,6 +64,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from ..config import TrainConfig
+from ..eps import shares_masters
 from ..eps.gather import GATHER_WINDOW
 from ..errors import UserError
 from .shapes import EPS_STATE_BYTES, INBOXES_IN_FLIGHT, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
@@ -488,9 +489,13 @@ def activation_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) ->
 
 def device_copy_bytes(cfg: TrainConfig, db: int, on_cuda: bool) -> int:
     """Host bytes a parameter for the EPS's device copies: none where the CPU computes in fp32
-    on the NumPy EPS's masters themselves (``EagerParamServer(share_masters=True)``), else one
-    copy in the compute dtype."""
-    shared = not on_cuda and db == 4 and cfg.eps == "numpy" and not getattr(cfg, "eps_offload", None)
+    on the EPS's masters themselves (``EagerParamServer(share_masters=True)``: the NumPy EPS,
+    the OpenCL EPS on a CPU device, :func:`~l2l.eps.shares_masters`), else one copy in the
+    compute dtype."""
+    if on_cuda or db != 4 or getattr(cfg, "eps_offload", None):
+        return db
+    choice = cfg.eps_choice()  # --eps auto resolved as the run resolves it
+    shared = shares_masters(choice.name, **choice.options)
     return 0 if shared else db
 
 
