@@ -1,7 +1,7 @@
 """``--eps auto``, the default: the fastest EPS on the host's CPU, never the GPU.
 
 A GPU box with its vendor's OpenCL driver lists the GPU before PoCL's CPU device; here a
-stand-in GPU is listed first (tests/standin_gpu_l2l.py runs ``l2l`` with it). Auto and an
+stand-in GPU is listed first (tests/opencl_standin_l2l.py runs ``l2l`` with it). Auto and an
 unnamed ``--eps opencl`` must take the CPU device; the GPU runs the EPS only when named; with no
 OpenCL CPU device auto takes the NumPy EPS on every core. Each run says what it took in its
 first lines and summary.json, and every choice trains to the same bits.
@@ -22,15 +22,15 @@ from l2l.metrics import read_metrics
 from conftest import ROOT, run_cli, run_python
 from shared_runs import cli_once
 
-STANDIN = str(ROOT / "tests" / "standin_gpu_l2l.py")
+STANDIN = str(ROOT / "tests" / "opencl_standin_l2l.py")
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--eval-every", "0", "--steps", "3", "--no-plot",
         "--plan", "off"]
 
 
-def standin(*args: str, env: dict | None = None):
-    """``l2l ARGS`` with the stand-in GPU listed first."""
-    return run_python(STANDIN, *args, env=env)
+def standin(*args: str, listing: str = "gpu-first"):
+    """``l2l ARGS`` with the stand-in GPU listed first (or with no OpenCL platform: ``none``)."""
+    return run_python(STANDIN, listing, *args)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,7 @@ def test_unnamed_opencl_takes_the_cpu_and_a_named_gpu_runs_with_the_same_bits(au
 
 
 def test_without_an_opencl_cpu_device_auto_takes_numpy_on_every_core(auto_run, tmp_path):
-    empty = tmp_path / "no-icds"
-    empty.mkdir()
-    r = run_cli("train", *TINY, "--out", str(tmp_path / "run"), env={"OCL_ICD_VENDORS": str(empty)})
+    r = standin("train", *TINY, "--out", str(tmp_path / "run"), listing="none")
     assert r.returncode == 0, r.stderr
     eps = _summary(tmp_path / "run")["eps"]
     cpus = len(os.sched_getaffinity(0))

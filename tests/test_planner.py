@@ -102,7 +102,7 @@ def test_memory_terms_equal_the_relay_ledger(corpus, stash, precision):
     assert p.activation_bytes == max(24 * 32 * 32, (2 * 256 + 2 * 32) * 32) * db
 
 
-@pytest.mark.parametrize("eps", ["numpy", "opencl", "hls-csim"])
+@pytest.mark.parametrize("eps", ["auto", "numpy", "opencl", "hls-csim"])
 def test_the_planned_copies_are_the_servers(eps):
     """On the CPU in fp32 the planner counts a device copy only where the EPS keeps one beside
     its masters: the server's own account (copy_bytes) of an engine built for the config. The
@@ -117,7 +117,8 @@ def test_the_planned_copies_are_the_servers(eps):
         try:
             assert p.host_state_bytes == 12 * p.params + engine.eps.copy_bytes, precision
             if precision == "fp32":
-                assert (engine.eps.copy_bytes == 0) is shares_masters(eps, **cfg.eps_options())
+                choice = cfg.eps_choice()
+                assert (engine.eps.copy_bytes == 0) is shares_masters(choice.name, **choice.options)
         finally:
             engine.close()
     assert shares_masters("numpy") and not shares_masters("hls-csim") and not shares_masters("no such eps")

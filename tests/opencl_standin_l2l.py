@@ -1,12 +1,15 @@
-"""``l2l`` on a host whose OpenCL platform list starts with a GPU: ``python tests/standin_gpu_l2l.py l2l-args...``.
+"""``l2l`` with a stand-in OpenCL platform list: ``python tests/opencl_standin_l2l.py LIST l2l-args...``.
 
-A GPU box with its vendor's OpenCL driver lists the training GPU before PoCL's CPU device.
+LIST ``gpu-first``: a GPU box with its vendor's OpenCL driver lists the training GPU before PoCL's CPU device.
 This machine has no GPU, so a stand-in platform is listed first: its one device reports
 itself a GPU named ``Stand-in GPU``, and underneath it is a one-compute-unit sub-device of the
 first real CPU device, so a run that names it really runs the EPS there (on device buffers and
 the GPU's launch shape, as on a GPU). Patched in from outside the package, through pyopencl
 itself: ``get_platforms`` and the ``Device`` ``name`` and ``type`` properties. Which device a
 run took is in its first lines and in summary.json (``eps.runs_on``).
+
+LIST ``none``: no OpenCL platform at all (a host without one; here the opencl extra's PoCL is
+found by pyopencl's own ICD loader whatever ``OCL_ICD_VENDORS`` says, so it is hidden here).
 """
 from __future__ import annotations
 
@@ -40,10 +43,18 @@ def _is_standin(dev) -> bool:
     return bool(_standin) and dev.int_ptr == _standin[0].int_ptr
 
 
-cl.get_platforms = _get_platforms
-cl.Device.name = property(lambda d: STANDIN_NAME if _is_standin(d) else _real_name.fget(d))
-cl.Device.type = property(lambda d: cl.device_type.GPU if _is_standin(d) else _real_type.fget(d))
+def _gpu_first() -> None:
+    cl.get_platforms = _get_platforms
+    cl.Device.name = property(lambda d: STANDIN_NAME if _is_standin(d) else _real_name.fget(d))
+    cl.Device.type = property(lambda d: cl.device_type.GPU if _is_standin(d) else _real_type.fget(d))
+
+
+def _none() -> None:
+    cl.get_platforms = lambda: []
+
 
 if __name__ == "__main__":
+    listing, *argv = sys.argv[1:]
+    {"gpu-first": _gpu_first, "none": _none}[listing]()
     from l2l.cli import main
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(argv))
