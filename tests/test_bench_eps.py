@@ -19,6 +19,8 @@ def test_bench_eps_writes_json_and_table(tmp_path):
     assert rows["deepspeed-cpu-adam"]["status"] == "skipped"  # a peer, never a dependency
     assert result["roofline"]["gb_s"] > 0
     assert result["minimum_bytes_per_elem"] == 4 + 24 + 4
+    # one contribution, inv_scale 1: no reduced gradient; the grads read twice (check, update)
+    assert rows["numpy"]["bytes_per_elem"] == 4 + 4 + 24 + 4
     table = (tmp_path / "bench_eps.md").read_text()
     assert "| EPS numpy: step() |" in table and "torch AdamW(fused)" in table and "Roofline" in table
 
@@ -54,3 +56,14 @@ def test_rounds_split_into_bandwidth_states_at_the_widest_gap():
     assert bandwidth_states({0: 72.0, 1: 80.0, 2: 68.0, 3: 85.0}) == [[2, 0, 1, 3]]
     assert bandwidth_states({0: 70.0}) == [[0]]
     assert bandwidth_states({}) == []
+
+
+def test_numpy_bytes_follow_its_path():
+    """The NumPy EPS skips the reduced gradient only for one contribution at inv_scale 1
+    (numerics.unreduced): then it reads the gradient twice; else it writes and reads it back."""
+    from l2l.bench.eps import _eps_bytes
+    assert _eps_bytes("numpy", 1, 4, 4)[0] == 4 + 4 + 24 + 4
+    assert _eps_bytes("numpy", 1, 2, 2, inv_scale=1.0)[0] == 2 + 2 + 24 + 2
+    assert _eps_bytes("numpy", 1, 4, 4, inv_scale=0.5)[0] == 4 + 4 + 16 + 12 + 4
+    assert _eps_bytes("numpy", 2, 2, 4)[0] == 2 * 2 + 4 + 16 + 12 + 4
+    assert "unreduced" in _eps_bytes("numpy", 1, 4, 4)[1] and "reduce_gradients" in _eps_bytes("numpy", 2, 4, 4)[1]

@@ -81,11 +81,18 @@ def _inputs(n: int, k: int, gdtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------- EPS backends
 
-def _eps_bytes(name: str, k: int, gs: int, cs: int) -> tuple[float, str]:
-    """Bytes per element the backend's step moves, read off its implementation."""
+def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0) -> tuple[float, str]:
+    """Bytes per element the backend's step moves, read off its implementation. ``inv_scale``
+    as the step sees it (binary32): the NumPy EPS's path depends on it."""
     if name == "numpy":
-        note = (f"grads read {k}x{gs}; reduced g written 4 (finite check per chunk, in cache); "
-                f"AdamW reads p,m,v,g 16, writes p,m,v 12; copy written {cs} (chunked: the rest stays in cache)")
+        if k == 1 and np.float32(inv_scale) == np.float32(1.0):
+            note = (f"one contribution, inv_scale 1: no reduced gradient (numerics.unreduced); the finite "
+                    f"check reads the grads {gs}, the update reads them again {gs} (widened per chunk, in cache) "
+                    f"+ p,m,v 12, writes p,m,v 12 and the copy {cs} (chunked: the rest stays in cache)")
+            return gs + gs + 24 + cs, note
+        note = (f"reduce (numerics.reduce_gradients): grads read {k}x{gs}, reduced g written 4 (scale and finite "
+                f"check per chunk, in cache); AdamW reads p,m,v,g 16, writes p,m,v 12; copy written {cs} "
+                f"(chunked: the rest stays in cache)")
         return k * gs + 4 + 16 + 12 + cs, note
     if name == "opencl":
         note = (f"CPU device, zero-copy host buffers: check kernel reads grads {k}x{gs}; update kernel reads "
@@ -123,7 +130,7 @@ def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> 
             if not backend.step(0, grads, scalars, copy_out):
                 raise RuntimeError("benchmark gradients were not finite")
 
-        nbytes, counted = _eps_bytes(name, k, gs, cs)
+        nbytes, counted = _eps_bytes(name, k, gs, cs, StepScalars.compute(hyper, 1, divisor=1.0 / inv_scale).inv_scale)
         if getattr(backend, "streaming_stores", False):
             counted += " (the copy with streaming stores: no write-allocate read of it)"
         methods.append(Method(name, f"EPS {name}: step()", threads, nbytes, counted, run))
