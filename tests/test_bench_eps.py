@@ -93,7 +93,7 @@ def test_bench_eps_threads_through_the_cli(tmp_path):
         assert [x["id"] for x in mine] == [f"{key}@1", f"{key}@2"]
         for x in mine:
             assert x["status"] == "ok" and x["elems_per_s"] > 0, x
-            assert 0 < x["roofline_fraction_same_round"] and x["threads_note"]
+            assert 0 < x["roofline_fraction_same_round"] and x["threads_note"] and x["cpu_per_wall"] > 0
     numpy = [x for x in rows if x["method"] == "numpy"]
     assert all(x["bytes_per_elem"] == 4 + 4 + 24 + 4 and "unreduced" in x["bytes_counted"] for x in numpy)
     opencl = [x for x in rows if x["method"] == "opencl"]
@@ -122,7 +122,7 @@ def test_bench_eps_threads_through_the_cli(tmp_path):
     assert result["env"]["roofline_threads"]["torch"] >= 2
     table = (tmp_path / "bench_eps.md").read_text()
     assert "| EPS numpy: step() | 1 |" in table and "| EPS numpy: step() | 2 |" in table
-    assert "| method | threads | auto |" in table and "`--eps auto` on this host takes" in table
+    assert "| method | threads | CPU s / wall s | auto |" in table and "`--eps auto` on this host takes" in table
     assert "speed-up, 1 → 2 threads" in table and "| 2 thr: G elem/s |" in table
 
 

@@ -72,6 +72,7 @@ class Method:
     omp_threads: int | None = None  # torch's and OpenMP's thread count, set before each of its blocks
     times: list[float] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)  # the round of each time
+    cpu: list[float] = field(default_factory=list)  # the process's CPU seconds over each time's
 
     @property
     def id(self) -> str:
@@ -366,9 +367,12 @@ def _time_in_turn(methods: list[Method], warmup: int, repeats: int) -> None:
             for _ in range(warmup):
                 m.run()
             for _ in range(block):
+                c0 = time.process_time()  # every thread of the process: the cores the method kept busy
                 t0 = time.perf_counter()
                 m.run()
-                m.times.append(time.perf_counter() - t0)
+                t = time.perf_counter() - t0
+                m.cpu.append((time.process_time() - c0) / t)
+                m.times.append(t)
                 m.rounds.append(round_)
         done += block
         round_ += 1
@@ -409,10 +413,11 @@ def _row(m: Method, n: int) -> dict:
     row = {"method": m.key, "id": m.id, "label": m.label, "status": m.status, "threads": m.threads,
            "threads_note": m.threads_note or None, "auto": False,
            "bytes_per_elem": m.bytes_per_elem or None, "bytes_counted": m.counted or None,
-           "seconds": None, "min_seconds": None, "elems_per_s": None, "gb_s": None}
+           "seconds": None, "min_seconds": None, "elems_per_s": None, "gb_s": None, "cpu_per_wall": None}
     if m.times:
         s = statistics.median(m.times)
-        row.update(seconds=s, min_seconds=min(m.times), elems_per_s=n / s, gb_s=n * m.bytes_per_elem / s / 1e9)
+        row.update(seconds=s, min_seconds=min(m.times), elems_per_s=n / s, gb_s=n * m.bytes_per_elem / s / 1e9,
+                   cpu_per_wall=statistics.median(m.cpu))
     return row
 
 
@@ -568,21 +573,24 @@ def markdown(result: dict) -> str:
             f"Load average before/after {env['loadavg_1min_before']:.2f}/{env['loadavg_1min_after']:.2f}: "
             f"other processes on these cores slow the multi-threaded methods most.\n\n"
             f"Roofline {roof['gb_s']:.1f} GB/s (best of: {kernels} GB/s; {roof['convention']}). "
+            f"'CPU s / wall s': the process's CPU time over the wall time of a timed run, median: the "
+            f"cores the method kept busy (spinning included), a check that it ran on its threads. "
             f"'Of roofline, same round': the median over rounds of the method's bandwidth over the best "
             f"kernel's in the same round (the bandwidth a shared host grants drifts between rounds). "
             f"Algorithmic minimum {result['minimum_bytes_per_elem']} B/element, so at most "
             f"{result['bound_elems_per_s'] / 1e9:.2f} G elements/s.\n\n"
             + _auto_line(result) +
-            "| method | threads | auto | G elem/s | B/elem counted | GB/s | of roofline | of roofline, same round "
-            "| vs torch fused + reduce + cast, same threads |\n"
-            "|---|---:|:---:|---:|---:|---:|---:|---:|---:|\n")
+            "| method | threads | CPU s / wall s | auto | G elem/s | B/elem counted | GB/s | of roofline "
+            "| of roofline, same round | vs torch fused + reduce + cast, same threads |\n"
+            "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|\n")
     body = ""
     for r in result["rows"]:
         label = r["label"] if r["status"] == "ok" else f"{r['label']} ({r['status']})"
         eps = None if r["elems_per_s"] is None else r["elems_per_s"] / 1e9
         frac = "—" if r["roofline_fraction"] is None else f"{r['roofline_fraction']:.0%}"
         paired = "—" if r["roofline_fraction_same_round"] is None else f"{r['roofline_fraction_same_round']:.0%}"
-        body += (f"| {label} | {_threads_cell(r)} | {'✓' if r.get('auto') else ''} | {_num(eps, '.3f')} "
+        body += (f"| {label} | {_threads_cell(r)} | {_num(r.get('cpu_per_wall'), '.2f')} "
+                 f"| {'✓' if r.get('auto') else ''} | {_num(eps, '.3f')} "
                  f"| {_num(r['bytes_per_elem'], 'g')} | {_num(r['gb_s'], '.1f')} | {frac} | {paired} "
                  f"| {_num(r['vs_torch_fused'], '.2f')} |\n")
     counted = {}
