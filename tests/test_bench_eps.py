@@ -120,6 +120,7 @@ def test_bench_eps_threads_through_the_cli(tmp_path):
     assert marked == ([f"{auto['backend']}@{auto['threads']}"] if auto["threads"] in (1, 2) else [])
     assert auto["row"] == (marked[0] if marked else None)
     assert result["env"]["roofline_threads"]["torch"] >= 2
+    assert set(result["short_of_threads"]) <= {x["id"] for x in rows if x["threads"] == 2}  # flagged, never 1
     table = (tmp_path / "bench_eps.md").read_text()
     assert "| EPS numpy: step() | 1 |" in table and "| EPS numpy: step() | 2 |" in table
     assert "| method | threads | CPU s / wall s | auto |" in table and "`--eps auto` on this host takes" in table

@@ -393,6 +393,8 @@ def _round_fractions(m: Method, roofs: dict[int, float], n: int) -> dict[int, fl
             / roofs[r] for r in sorted(set(m.rounds))}
 
 
+SHORT_OF_THREADS = 0.75  # a multi-threaded row that kept fewer cores busy than this share of its threads
+
 STATE_RATIO = 1.3  # rounds whose rooflines differ by more than this are two bandwidth states
 
 
@@ -531,6 +533,8 @@ def run(args: argparse.Namespace) -> dict:
         "bound_elems_per_s": roofline * 1e9 / minimum,
         "rows": rows,
         "scaling": _scaling(rows),
+        "short_of_threads": [r["id"] for r in rows if (r["threads"] or 0) > 1 and r["cpu_per_wall"] is not None
+                             and r["cpu_per_wall"] < SHORT_OF_THREADS * r["threads"]],
     }
 
 
@@ -606,6 +610,11 @@ def markdown(result: dict) -> str:
         f"- {key}: {next(iter(notes.values()))}\n" if len(set(notes.values())) == 1 else
         "".join(f"- {key} at {t}: {note}\n" for t, note in notes.items())
         for key, notes in by_method.items())
+    short = result.get("short_of_threads")
+    if short:
+        body += (f"\nThese rows kept fewer cores busy than {SHORT_OF_THREADS:.0%} of their threads (CPU s / "
+                 f"wall s): {', '.join(short)}. Other processes held the cores, so their rates and speed-ups "
+                 f"say little about the method; rerun on a quiet machine.\n")
     return (head + body + _scaling_markdown(result) + _states_markdown(result)
             + "\nBytes counted per element:\n" + notes + "\nThreads:\n" + threads)
 
