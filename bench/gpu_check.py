@@ -7,7 +7,8 @@
 Sections, in order (each a time box inside the whole-run budget, ``--minutes``, default 8):
 
 0. EPS probe: one 4M-element update with the NumPy and the OpenCL (PoCL, host CPU) EPS;
-   every later row uses the faster (NumPy when OpenCL is not usable), and says so.
+   every later row uses the faster (NumPy when OpenCL is not usable), and says so. Beside
+   them, the backend ``--eps auto`` takes on that box and its rate (``eps_probe.auto``).
 1. Correctness, on a small model, under ``torch.use_deterministic_algorithms`` (TF32 off,
    attention on SDPA's math path): the relay against ``--engine plain`` (fp32 and bf16,
    dropout 0: the plain engine draws its own dropout masks), ``--stash host`` against
@@ -65,7 +66,8 @@ from l2l.config import TrainConfig  # noqa: E402
 from l2l.data import BatchSampler, load_corpus  # noqa: E402
 from l2l.models import build_stack, family  # noqa: E402
 from l2l.planner import Rates, layer_shapes, predict  # noqa: E402
-from l2l.planner.measure import measure_eps  # noqa: E402
+from l2l.eps.choice import build as build_eps, choose as choose_eps  # noqa: E402
+from l2l.planner.measure import measure_backend, measure_eps  # noqa: E402
 from l2l.planner.model import activation_bytes  # noqa: E402
 from l2l.planner.shapes import EPS_STATE_BYTES, dtype_bytes_of  # noqa: E402
 from l2l.relay.engine import RelayEngine  # noqa: E402
@@ -589,15 +591,39 @@ def _summary(r: dict) -> str:
 
 
 def probe_eps(smoke: bool) -> dict:
-    """Elements/s of one update with each host EPS; the faster one runs every row."""
+    """Elements/s of one update with each host EPS; the faster one runs every row. Beside
+    them, what ``--eps auto`` takes on this box (built as a run builds it) and its rate: a
+    report, the rows still use the faster."""
+    numel = (1 << 18) if smoke else (4 << 20)
     rates, why = {}, {}
     for name in ("numpy", "opencl"):
         try:
-            rates[name] = measure_eps(name, numel=(1 << 18) if smoke else (4 << 20))
+            rates[name] = measure_eps(name, numel=numel)
         except Exception as exc:  # noqa: BLE001 -- OpenCL missing or broken: say why, use NumPy
             rates[name], why[name] = None, f"{type(exc).__name__}: {_first_line(exc)}"
     chosen = "opencl" if rates.get("opencl") and rates["opencl"] > rates["numpy"] else "numpy"
-    return {"rates": rates, "unavailable": why, "chosen": chosen}
+    try:
+        backend, choice = build_eps(choose_eps("auto"))
+        try:
+            auto = {"backend": choice.name, "runs_on": backend.describe(), "why": choice.why,
+                    "rate": measure_backend(backend, numel)}
+        finally:
+            backend.close()
+        auto["same_as_chosen"] = auto["backend"] == chosen
+    except Exception as exc:  # noqa: BLE001 -- reported; the run goes on with the probe's choice
+        auto = {"backend": None, "rate": None, "error": f"{type(exc).__name__}: {_first_line(exc)}"}
+    return {"rates": rates, "unavailable": why, "chosen": chosen, "auto": auto}
+
+
+def _auto_summary(probe: dict) -> str:
+    """One line: what --eps auto takes on this box, at what rate, against the probe's choice."""
+    auto = probe.get("auto") or {}
+    if not auto.get("backend"):
+        return f"--eps auto: did not start ({auto.get('error', 'not probed')})"
+    agree = ("the same as the probe's" if auto["same_as_chosen"]
+             else f"the rows use the probe's faster {probe['chosen']}")
+    return (f"--eps auto takes {auto['backend']} on {auto['runs_on']}: {auto['rate']:.3g} elem/s ({agree}; "
+            f"{auto['why']})")
 
 
 # ------------------------------------------------------------------ markdown
@@ -652,7 +678,8 @@ def markdown(result: dict) -> str:
              f"EPS: {eps.get('chosen', '?')} (elements/s: " + ", ".join(
                  f"{k} {v:.3g}" if v else f"{k} unavailable" for k, v in eps.get("rates", {}).items()) + ")"
              + f"; --devices 1; CUBLAS_WORKSPACE_CONFIG={result.get('cublas_workspace')}; "
-             f"sanitizer {'on' if result.get('sanitizer') else 'off'}.", ""]
+             f"sanitizer {'on' if result.get('sanitizer') else 'off'}.", "",
+             f"EPS {_auto_summary(eps)}.", ""]
     if result.get("aborted"):
         lines += [f"**Stopped: {result['aborted']}**", ""]
     for name, s in result["sections"].items():
@@ -788,6 +815,7 @@ def main() -> int:
     probe = report.result["eps_probe"] = probe_eps(args.smoke)
     live.eps_rate = machine.eps_rate = probe["rates"][probe["chosen"]]
     print(f"EPS: {probe['chosen']} ({probe['rates']})", flush=True)
+    print(f"EPS {_auto_summary(probe)}", flush=True)
     # what lives for the whole run (torch, the corpus, the report) out of every gc.collect()
     # free_caches makes between rows: each would otherwise walk all of it again (0.2 s a row)
     gc.freeze()

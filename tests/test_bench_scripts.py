@@ -20,6 +20,10 @@ def test_gpu_check_smoke(tmp_path):
     assert list(sections) == ["startup", "correctness", "memory", "throughput", "overlap", "largest"]
     assert all(s["status"] == "ok" for s in sections.values()), {k: s["status"] for k, s in sections.items()}
     assert result["eps_probe"]["chosen"] in ("numpy", "opencl") and result["devices"] == 1
+    auto = result["eps_probe"]["auto"]  # what --eps auto takes on the box, measured beside the probe
+    assert auto["backend"] in ("numpy", "opencl") and auto["rate"] > 0 and auto["runs_on"], auto
+    assert auto["same_as_chosen"] == (auto["backend"] == result["eps_probe"]["chosen"])
+    assert f"--eps auto takes {auto['backend']}" in r.stdout
     checks = sections["correctness"]["rows"]
     assert len(checks) == 5 and all(c["result"] == "PASS" for c in checks)
     bitwise = [c for c in checks if c["tolerance"] == "bit-identical"]
@@ -35,6 +39,7 @@ def test_gpu_check_smoke(tmp_path):
                for t in timed)
     assert len(sections["largest"]["rows"]) == 1 and "one more would exceed" in sections["largest"]["sized"]
     text = (tmp_path / "gpu_check.md").read_text()
+    assert f"EPS --eps auto takes {auto['backend']}" in text
     for title in ("Correctness", "Device memory against depth", "Throughput", "Overlap", "largest relay model"):
         assert title in text
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left behind

@@ -9,9 +9,18 @@ bandwidth roofline measured in the same run, plus the ratio to torch's fused
 CPU AdamW doing the same job. Peers: torch.optim.AdamW(fused=True) and, when
 importable, DeepSpeedCPUAdam (never a dependency).
 
-All methods and the bandwidth kernels run in turn, in short blocks, so
-that drift in the machine's speed (other load, clocks) falls on all alike;
-the figure is the median of the timed runs (see _time_in_turn).
+Thread counts (``--threads N ...``, default 1 and the CPUs of this process's
+affinity): each CPU method runs at each count -- the NumPy EPS with N threads,
+the OpenCL EPS on a sub-device of N compute units of the CPU device ``--eps
+auto`` takes, torch's fused AdamW and DeepSpeedCPUAdam with N OpenMP threads
+(:func:`set_threads`); the HLS C-simulation once, on its one thread. A second
+table gives each method's rate and share of the roofline per count and its
+speed-up from the fewest threads to the most; the row ``--eps auto`` would run
+is marked.
+
+All methods of all counts and the bandwidth kernels run in turn, in short
+blocks, so that drift in the machine's speed (other load, clocks) falls on all
+alike; the figure is the median of the timed runs (see _time_in_turn).
 
 Byte convention (STREAM's): bytes the code reads plus bytes it writes; the
 read-for-ownership a store to a line not yet in cache adds (write-allocate)
@@ -36,7 +45,9 @@ import numpy as np
 import torch
 
 from ..eps import BACKENDS, AdamWHyper, StepScalars, make_backend
+from ..eps.choice import EpsChoice, choose
 from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from ..eps.threads import available_cpus
 from ..errors import UserError
 from ..hostmem import aligned_empty
 from ..options import Parser
@@ -52,13 +63,56 @@ class Method:
 
     key: str
     label: str
-    threads: str
+    threads: int | None  # the threads it ran on (None: not a CPU thread count, e.g. an accelerator)
+    threads_note: str = ""  # how, where the count alone does not say
     bytes_per_elem: float = 0.0
     counted: str = ""
     run: Callable[[], None] | None = None
     status: str = "ok"
+    omp_threads: int | None = None  # torch's and OpenMP's thread count, set before each of its blocks
     times: list[float] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)  # the round of each time
+    cpu: list[float] = field(default_factory=list)  # the process's CPU seconds over each time's
+
+    @property
+    def id(self) -> str:
+        """The row's name in the JSON: the method at its thread count."""
+        return self.key if self.threads is None else f"{self.key}@{self.threads}"
+
+
+# ---------------------------------------------------------------- threads
+
+_OPENMP_RUNTIMES = ("libgomp", "libiomp", "libomp")
+
+
+def openmp_runtimes() -> list[str]:
+    """The OpenMP runtimes loaded in this process (torch's; a C++ extension built with
+    -fopenmp may bring another, which torch.set_num_threads does not reach)."""
+    found = set()
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and Path(parts[5]).name.startswith(_OPENMP_RUNTIMES) and ".so" in parts[5]:
+                found.add(parts[5])
+    except OSError:  # not Linux: torch's own setting is all there is
+        pass
+    return sorted(found)
+
+
+def set_threads(n: int) -> dict[str, int]:
+    """torch's threads, and every loaded OpenMP runtime's (for this thread: the one that runs
+    the optimizers), set to ``n``; what each runtime then reports (omp_get_max_threads)."""
+    import ctypes
+    torch.set_num_threads(n)
+    seen = {}
+    for path in openmp_runtimes():
+        try:
+            lib = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
+            lib.omp_set_num_threads(ctypes.c_int(n))
+            seen[Path(path).name] = int(lib.omp_get_max_threads())
+        except (OSError, AttributeError):
+            continue
+    return seen
 
 
 # ---------------------------------------------------------------- inputs
@@ -81,11 +135,18 @@ def _inputs(n: int, k: int, gdtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------- EPS backends
 
-def _eps_bytes(name: str, k: int, gs: int, cs: int) -> tuple[float, str]:
-    """Bytes per element the backend's step moves, read off its implementation."""
+def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0) -> tuple[float, str]:
+    """Bytes per element the backend's step moves, read off its implementation. ``inv_scale``
+    as the step sees it (binary32): the NumPy EPS's path depends on it."""
     if name == "numpy":
-        note = (f"grads read {k}x{gs}; reduced g written 4 (finite check per chunk, in cache); "
-                f"AdamW reads p,m,v,g 16, writes p,m,v 12; copy written {cs} (chunked: the rest stays in cache)")
+        if k == 1 and np.float32(inv_scale) == np.float32(1.0):
+            note = (f"one contribution, inv_scale 1: no reduced gradient (numerics.unreduced); the finite "
+                    f"check reads the grads {gs}, the update reads them again {gs} (widened per chunk, in cache) "
+                    f"+ p,m,v 12, writes p,m,v 12 and the copy {cs} (chunked: the rest stays in cache)")
+            return gs + gs + 24 + cs, note
+        note = (f"reduce (numerics.reduce_gradients): grads read {k}x{gs}, reduced g written 4 (scale and finite "
+                f"check per chunk, in cache); AdamW reads p,m,v,g 16, writes p,m,v 12; copy written {cs} "
+                f"(chunked: the rest stays in cache)")
         return k * gs + 4 + 16 + 12 + cs, note
     if name == "opencl":
         note = (f"CPU device, zero-copy host buffers: check kernel reads grads {k}x{gs}; update kernel reads "
@@ -98,49 +159,99 @@ def _eps_bytes(name: str, k: int, gs: int, cs: int) -> tuple[float, str]:
     return k * gs + 24 + cs, "algorithmic minimum (implementation not inspected)"
 
 
-def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> tuple[list[Method], list]:
-    """One Method per registered EPS backend, timing ``step()`` as the EPS calls it per layer."""
+def _eps_step(backend, p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> Callable[[], None]:
+    """``step()`` on layer 0 of ``backend`` as the EPS calls it per layer."""
+    backend.allocate(0, p0)
+    copy_out = aligned_empty(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
+    copy_out[:] = 0
+    counter = itertools.count(1)
+
+    def run():
+        scalars = StepScalars.compute(hyper, next(counter), divisor=1.0 / inv_scale)
+        if not backend.step(0, grads, scalars, copy_out):
+            raise RuntimeError("benchmark gradients were not finite")
+    return run
+
+
+HLS_THREADS = "C-simulation: one host thread, the dataflow regions in sequence"
+
+
+def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float, counts: list[int],
+                 auto: EpsChoice) -> tuple[list[Method], list]:
+    """Per thread count, one Method per CPU EPS backend (numpy: ``NumpyBackend(threads=N)``;
+    opencl: a sub-device of N compute units of the CPU device ``--eps auto`` takes); the
+    HLS C-simulation once (it is one thread whatever the count)."""
     methods, opened = [], []
     k, gs, cs = len(grads), grads[0].dtype.itemsize, copy_dtype.itemsize
-    for name, cls in BACKENDS.items():
-        ok, why = cls.availability()
-        threads = "1" if name == "numpy" else "?"
-        if not ok:
-            methods.append(Method(name, f"EPS {name}", threads, status=f"unavailable: {why}"))
-            continue
-        backend = make_backend(name)
+    inv = StepScalars.compute(hyper, 1, divisor=1.0 / inv_scale).inv_scale
+
+    def add(name: str, count: int | None, note: str, **options) -> None:
+        label = f"EPS {name}: step()"
+        try:
+            backend = make_backend(name, **options)
+        except Exception as exc:  # noqa: BLE001 -- a count the device cannot run is a row that says why
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            methods.append(Method(name, label, count, note, status=f"unavailable: {why}"))
+            return
         opened.append(backend)
-        backend.allocate(0, p0)
+        ran_on = getattr(backend, "threads", count)
         device = getattr(backend, "device", None)
         if device is not None and hasattr(device, "max_compute_units"):
-            threads = f"{device.max_compute_units} (OpenCL CUs)"
-        copy_out = aligned_empty(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
-        copy_out[:] = 0
-        counter = itertools.count(1)
-
-        def run(backend=backend, copy_out=copy_out, counter=counter):
-            scalars = StepScalars.compute(hyper, next(counter), divisor=1.0 / inv_scale)
-            if not backend.step(0, grads, scalars, copy_out):
-                raise RuntimeError("benchmark gradients were not finite")
-
-        nbytes, counted = _eps_bytes(name, k, gs, cs)
+            ran_on = device.max_compute_units if device.type & _cl_cpu() else None
+            cus = device.max_compute_units
+            note = f"{cus} OpenCL compute unit{'s' if cus > 1 else ''} of {device.name.strip()}" + (
+                " (a sub-device)" if getattr(device, "parent_device", None) else "")
+        nbytes, counted = _eps_bytes(name, k, gs, cs, inv)
         if getattr(backend, "streaming_stores", False):
             counted += " (the copy with streaming stores: no write-allocate read of it)"
-        methods.append(Method(name, f"EPS {name}: step()", threads, nbytes, counted, run))
+        methods.append(Method(name, label, ran_on, note, nbytes, counted,
+                              _eps_step(backend, p0, grads, copy_dtype, hyper, inv_scale)))
+
+    for name, cls in BACKENDS.items():
+        ok, why = cls.availability()
+        if not ok:
+            methods.append(Method(name, f"EPS {name}: step()", None, status=f"unavailable: {why}"))
+            continue
+        if name == "numpy":
+            for n in counts:
+                add(name, n, "NumpyBackend(threads=N): one contiguous range of the layer per thread (RangePool)",
+                    threads=n)
+        elif name == "opencl" and auto.name == "opencl":
+            for n in counts:  # the device --eps auto takes, kept to n of its compute units
+                add(name, n, "", **{**auto.options, "threads": n})
+        elif name == "opencl":  # no OpenCL CPU device: the device it would take unnamed, once
+            add(name, None, "not a CPU device: its own compute units")
+        elif name == "hls-csim":
+            add(name, 1, HLS_THREADS)
+        else:
+            add(name, None, "")
     return methods, opened
+
+
+def _cl_cpu() -> int:
+    import pyopencl as cl
+    return cl.device_type.CPU
 
 
 # ---------------------------------------------------------------- torch-style optimizers
 
-def _optimizer_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float,
-                       deepspeed: bool = True) -> list[Method]:
-    """torch fused AdamW (and DeepSpeedCPUAdam when importable) doing the EPS's whole job.
+def _optimizer_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float, counts: list[int],
+                       deepspeed: bool = True) -> tuple[list[Method], dict]:
+    """torch fused AdamW (and DeepSpeedCPUAdam when importable) doing the EPS's whole job, at
+    each thread count; and what DeepSpeed's threads follow.
 
     The job around the optimizer step is written the plain torch way: the
     reduce as whole-tensor passes, the scale and the finite check the contract
     asks for in one pass (GradScaler's op: ``torch.isfinite(g).all()`` is
     several times slower than the whole update on CPU), then the cast to the
     copy dtype. Each pass is counted.
+
+    Threads: torch's ops run on its OpenMP pool (``torch.set_num_threads``);
+    DeepSpeedCPUAdam's step is a ``#pragma omp parallel for`` in its C++
+    extension (csrc/includes/cpu_adam.h), so it takes the OpenMP runtime's
+    thread count: torch's runtime when the extension's libgomp is the one torch
+    loaded, else its own. :func:`set_threads` sets every loaded runtime; the
+    row says which the extension brought.
     """
     n, k = p0.shape[0], len(grads)
     gs, cs = grads[0].dtype.itemsize, copy_dtype.itemsize
@@ -150,7 +261,6 @@ def _optimizer_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: floa
     around = (gs + 4) + (k - 1) * (gs + 8) + 8 + 4 + cs
     around_note = (f"reduce copy_ reads {gs} writes 4" + (f", {k - 1} add_ read {gs}+4 write 4" if k > 1 else "")
                    + f"; unscale+check in place reads 4 writes 4; cast reads p 4, writes {cs}")
-    threads = str(torch.get_num_threads())
 
     def full_job(opt, p, gbuf, copy):
         @torch.no_grad()
@@ -173,55 +283,66 @@ def _optimizer_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: floa
 
     kw = {"lr": hyper.lr, "betas": (hyper.beta1, hyper.beta2), "eps": hyper.eps, "weight_decay": hyper.weight_decay}
     step_note = "step reads p,m,v,g 16, writes p,m,v 12"
-    p, gbuf, copy = tensors()
-    opt = torch.optim.AdamW([p], fused=True, **kw)
-    methods = [
-        Method("torch-fused", "torch AdamW(fused) + reduce + check + cast", threads, 28 + around,
-               f"{step_note}; {around_note}", full_job(opt, p, gbuf, copy)),
-        Method("torch-fused-step", "torch AdamW(fused) step alone", threads, 28.0, step_note, opt.step),
-    ]
+    torch_note = "torch.set_num_threads (OpenMP)"
+    methods = []
+    for t in counts:
+        p, gbuf, copy = tensors()
+        opt = torch.optim.AdamW([p], fused=True, **kw)
+        methods += [
+            Method("torch-fused", "torch AdamW(fused) + reduce + check + cast", t, torch_note, 28 + around,
+                   f"{step_note}; {around_note}", full_job(opt, p, gbuf, copy), omp_threads=t),
+            Method("torch-fused-step", "torch AdamW(fused) step alone", t, torch_note, 28.0, step_note, opt.step,
+                   omp_threads=t),
+        ]
     label = "DeepSpeedCPUAdam + reduce + check + cast"
     if not deepspeed:
-        methods.append(Method("deepspeed-cpu-adam", label, "-", status="skipped"))
-        return methods
+        return methods + [Method("deepspeed-cpu-adam", label, None, status="skipped")], {"status": "skipped"}
+    before = openmp_runtimes()
+    status = "ok"
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         p, gbuf, copy = tensors()
-        ds = DeepSpeedCPUAdam([p], adamw_mode=True, **kw)
-        ds.step()  # builds or loads its extension: fail here, not mid-benchmark
+        DeepSpeedCPUAdam([p], adamw_mode=True, **kw).step()  # builds or loads its extension: fail here
     except ImportError:
-        methods.append(Method("deepspeed-cpu-adam", label, "-", status="not installed"))
-        return methods
+        status = "not installed"
     except Exception as exc:  # noqa: BLE001 -- a peer that fails to load is reported, not fatal
-        methods.append(Method("deepspeed-cpu-adam", label, "-", status=f"unusable: {exc}"))
-        return methods
-    methods.append(Method("deepspeed-cpu-adam", label, threads, 28 + around,
-                          f"{step_note}; {around_note}", full_job(ds, p, gbuf, copy)))
-    return methods
+        status = f"unusable: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
+    if status != "ok":
+        return methods + [Method("deepspeed-cpu-adam", label, None, status=status)], {"status": status}
+    own = [r for r in openmp_runtimes() if r not in before]
+    runtime = (f"its own OpenMP runtime ({', '.join(Path(r).name for r in own)}), set with omp_set_num_threads"
+               if own else "OpenMP, the runtime torch loaded (torch.set_num_threads)")
+    for t in counts:
+        p, gbuf, copy = tensors()
+        ds = DeepSpeedCPUAdam([p], adamw_mode=True, **kw)
+        methods.append(Method("deepspeed-cpu-adam", label, t, runtime, 28 + around,
+                              f"{step_note}; {around_note}", full_job(ds, p, gbuf, copy), omp_threads=t))
+    return methods, {"status": "ok", "threads_from": runtime, "own_runtimes": own}
 
 
 # ---------------------------------------------------------------- roofline
 
-def _stream_methods(n: int) -> list[Method]:
+def _stream_methods(n: int, threads: int) -> list[Method]:
     """STREAM-like kernels over fp32 arrays of the layer's size: the bandwidth roofline.
 
-    NumPy runs on one thread and torch on all of its threads; the best of them
-    is taken as what this machine can move. The in-place kernels store to lines
-    they have just read, as AdamW does to p, m, v, so they pay no write-allocate
-    read; the out-of-place ones do, uncounted.
+    NumPy runs on one thread and torch on ``threads``; the best of them is taken
+    as what this machine can move. The in-place kernels store to lines they have
+    just read, as AdamW does to p, m, v, so they pay no write-allocate read; the
+    out-of-place ones do, uncounted.
     """
     a, b, c = (np.full(n, 1.0, np.float32) for _ in range(3))
     ta, tb, tc = (torch.from_numpy(x) for x in (a, b, c))
-    nt = str(torch.get_num_threads())
     return [
-        Method("numpy-copy", "np.copyto(b, a)", "1", 8.0, "read 4, write 4", lambda: np.copyto(b, a)),
-        Method("numpy-add", "np.add(a, b, out=c)", "1", 12.0, "read 8, write 4", lambda: np.add(a, b, out=c)),
-        Method("numpy-add-inplace", "np.add(a, b, out=a)", "1", 12.0, "read 8, write 4",
+        Method("numpy-copy", "np.copyto(b, a)", 1, "", 8.0, "read 4, write 4", lambda: np.copyto(b, a)),
+        Method("numpy-add", "np.add(a, b, out=c)", 1, "", 12.0, "read 8, write 4", lambda: np.add(a, b, out=c)),
+        Method("numpy-add-inplace", "np.add(a, b, out=a)", 1, "", 12.0, "read 8, write 4",
                lambda: np.add(a, b, out=a)),
-        Method("torch-copy", "b.copy_(a)", nt, 8.0, "read 4, write 4", lambda: tb.copy_(ta)),
-        Method("torch-add", "torch.add(a, b, out=c)", nt, 12.0, "read 8, write 4",
-               lambda: torch.add(ta, tb, out=tc)),
-        Method("torch-add-inplace", "a.add_(b)", nt, 12.0, "read 8, write 4", lambda: ta.add_(tb)),
+        Method("torch-copy", "b.copy_(a)", threads, "", 8.0, "read 4, write 4", lambda: tb.copy_(ta),
+               omp_threads=threads),
+        Method("torch-add", "torch.add(a, b, out=c)", threads, "", 12.0, "read 8, write 4",
+               lambda: torch.add(ta, tb, out=tc), omp_threads=threads),
+        Method("torch-add-inplace", "a.add_(b)", threads, "", 12.0, "read 8, write 4", lambda: ta.add_(tb),
+               omp_threads=threads),
     ]
 
 
@@ -236,16 +357,22 @@ def _time_in_turn(methods: list[Method], warmup: int, repeats: int) -> None:
     (switching between OpenMP and PoCL thread pools every step costs both); rounds
     spread drift in the machine's speed over all methods alike."""
     runnable = [m for m in methods if m.run is not None]
-    done, round_ = 0, 0
+    done, round_, omp = 0, 0, None
     while done < repeats:
         block = min(BLOCK, repeats - done)
         for m in runnable:
+            if m.omp_threads is not None and m.omp_threads != omp:  # torch's and OpenMP's, outside the clock
+                set_threads(m.omp_threads)
+                omp = m.omp_threads
             for _ in range(warmup):
                 m.run()
             for _ in range(block):
+                c0 = time.process_time()  # every thread of the process: the cores the method kept busy
                 t0 = time.perf_counter()
                 m.run()
-                m.times.append(time.perf_counter() - t0)
+                t = time.perf_counter() - t0
+                m.cpu.append((time.process_time() - c0) / t)
+                m.times.append(t)
                 m.rounds.append(round_)
         done += block
         round_ += 1
@@ -266,6 +393,8 @@ def _round_fractions(m: Method, roofs: dict[int, float], n: int) -> dict[int, fl
             / roofs[r] for r in sorted(set(m.rounds))}
 
 
+SHORT_OF_THREADS = 0.75  # a multi-threaded row that kept fewer cores busy than this share of its threads
+
 STATE_RATIO = 1.3  # rounds whose rooflines differ by more than this are two bandwidth states
 
 
@@ -283,13 +412,60 @@ def bandwidth_states(roofs: dict[int, float]) -> list[list[int]]:
 
 
 def _row(m: Method, n: int) -> dict:
-    row = {"method": m.key, "label": m.label, "status": m.status, "threads": m.threads,
+    row = {"method": m.key, "id": m.id, "label": m.label, "status": m.status, "threads": m.threads,
+           "threads_note": m.threads_note or None, "auto": False,
            "bytes_per_elem": m.bytes_per_elem or None, "bytes_counted": m.counted or None,
-           "seconds": None, "min_seconds": None, "elems_per_s": None, "gb_s": None}
+           "seconds": None, "min_seconds": None, "elems_per_s": None, "gb_s": None, "cpu_per_wall": None}
     if m.times:
         s = statistics.median(m.times)
-        row.update(seconds=s, min_seconds=min(m.times), elems_per_s=n / s, gb_s=n * m.bytes_per_elem / s / 1e9)
+        row.update(seconds=s, min_seconds=min(m.times), elems_per_s=n / s, gb_s=n * m.bytes_per_elem / s / 1e9,
+                   cpu_per_wall=statistics.median(m.cpu))
     return row
+
+
+def _auto_target(auto: EpsChoice, rows: list[dict]) -> dict:
+    """The row a run under ``--eps auto`` would be: its backend at its default thread count
+    (every CPU of this process's affinity; for OpenCL, at most the device's compute units).
+    An OpenCL EPS that did not start at that count leaves the NumPy EPS, as ``choice.build``
+    does."""
+    cpus = available_cpus()
+    name, why, threads = auto.name, auto.why, cpus
+    if name == "opencl":
+        from ..eps.opencl_backend import choose_device
+        _, dev = choose_device(auto.options.get("platform"), auto.options.get("device"))
+        threads = min(cpus, dev.max_compute_units)
+        row = next((r for r in rows if r["method"] == name and r["threads"] == threads), None)
+        if row is not None and row["status"] != "ok":
+            name, threads, why = "numpy", cpus, f"the OpenCL EPS on the CPU did not start ({row['status']})"
+    row = next((r for r in rows if r["method"] == name and r["threads"] == threads and r["status"] == "ok"), None)
+    if row is not None:
+        row["auto"] = True
+    return {"backend": name, "threads": threads, "why": why, "target": auto.target,
+            "row": row["id"] if row else None}
+
+
+def _scaling(rows: list[dict]) -> dict:
+    """Per method measured at more than one count: each count's rate and same-round share, and
+    the speed-up from the fewest threads to the most."""
+    out = {}
+    for key in dict.fromkeys(r["method"] for r in rows):
+        at = {r["threads"]: r for r in rows if r["method"] == key and r["threads"] is not None and r["elems_per_s"]}
+        if not at:
+            continue
+        lo, hi = min(at), max(at)
+        out[key] = {"label": at[lo]["label"],
+                    "threads": {str(t): {"elems_per_s": r["elems_per_s"],
+                                         "roofline_fraction_same_round": r["roofline_fraction_same_round"]}
+                                for t, r in sorted(at.items())},
+                    "speedup": at[hi]["elems_per_s"] / at[lo]["elems_per_s"] if hi > lo else None,
+                    "speedup_from": lo, "speedup_to": hi}
+    return out
+
+
+def main_row(result: dict, method: str) -> dict | None:
+    """``method``'s row at the most threads it ran on (where a one-figure summary wants it)."""
+    rows = [r for r in result["rows"] if r["method"] == method]
+    return max(rows, key=lambda r: (r["status"] == "ok", r["threads"] or 0), default=None)
 
 
 def _cpu_name() -> str:
@@ -304,38 +480,48 @@ def _cpu_name() -> str:
 
 def run(args: argparse.Namespace) -> dict:
     n, k = args.numel, args.contributions
+    counts = args.threads
     gdtype, cdtype = GRAD_DTYPES[args.grad_dtype], COPY_DTYPES[args.copy_dtype]
     hyper = AdamWHyper()
     load_before = os.getloadavg()[0]
+    torch_threads = torch.get_num_threads()
+    roof_threads = max(max(counts), available_cpus())
+    auto = choose("auto")
     p0, grads = _inputs(n, k, gdtype)
-    stream = _stream_methods(n)
-    eps, opened = _eps_methods(p0, grads, cdtype, hyper, args.inv_scale)
+    stream = _stream_methods(n, roof_threads)
+    eps, opened = _eps_methods(p0, grads, cdtype, hyper, args.inv_scale, counts, auto)
     try:
-        methods = eps + _optimizer_methods(p0, grads, cdtype, hyper, args.inv_scale, not args.no_deepspeed)
+        optimizers, deepspeed = _optimizer_methods(p0, grads, cdtype, hyper, args.inv_scale, counts,
+                                                   not args.no_deepspeed)
+        methods = eps + optimizers
         _time_in_turn(stream + methods, args.warmup, args.repeats)
     finally:
         for backend in opened:
             backend.close()
+        omp_seen = set_threads(roof_threads)
+        torch.set_num_threads(torch_threads)
     kernels = [_row(m, n) for m in stream]
     best = max(kernels, key=lambda r: r["gb_s"])
     roofline = best["gb_s"]
     minimum = k * gdtype.itemsize + 24 + cdtype.itemsize
     rows = [_row(m, n) for m in methods]
-    ref = next(r for r in rows if r["method"] == "torch-fused")["elems_per_s"]
+    refs = {r["threads"]: r["elems_per_s"] for r in rows if r["method"] == "torch-fused"}
     roofs = _round_rooflines(stream, n)
     states = bandwidth_states(roofs)
-    per_round = {m.key: _round_fractions(m, roofs, n) for m in methods if m.times}
+    per_round = {m.id: _round_fractions(m, roofs, n) for m in methods if m.times}
     for r, m in zip(rows, methods):
         ok = r["elems_per_s"] is not None
+        ref = refs.get(r["threads"] if r["threads"] is not None else max(counts))
         r["roofline_fraction"] = r["gb_s"] / roofline if ok else None
-        r["roofline_fraction_same_round"] = statistics.median(per_round[m.key].values()) if ok else None
-        r["vs_torch_fused"] = r["elems_per_s"] / ref if ok else None
+        r["roofline_fraction_same_round"] = statistics.median(per_round[m.id].values()) if ok else None
+        r["vs_torch_fused"] = r["elems_per_s"] / ref if ok and ref else None
     return {
         "args": vars(args),
-        "env": {"cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "torch": torch.__version__,
-                "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
-                "numpy_threads": 1, "loadavg_1min_before": load_before,
-                "loadavg_1min_after": os.getloadavg()[0]},
+        "env": {"cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "affinity_cpus": available_cpus(),
+                "torch": torch.__version__, "roofline_threads": {"numpy": 1, "torch": roof_threads},
+                "numpy": np.__version__, "openmp_runtimes": omp_seen, "deepspeed": deepspeed,
+                "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]},
+        "eps_auto": _auto_target(auto, rows),
         "roofline": {"gb_s": roofline, "kernel": best["method"], "kernels": kernels,
                      "convention": "bytes read + bytes written; write-allocate reads not counted"},
         "bandwidth_states": [
@@ -346,6 +532,9 @@ def run(args: argparse.Namespace) -> dict:
         "minimum_bytes_per_elem": minimum,
         "bound_elems_per_s": roofline * 1e9 / minimum,
         "rows": rows,
+        "scaling": _scaling(rows),
+        "short_of_threads": [r["id"] for r in rows if (r["threads"] or 0) > 1 and r["cpu_per_wall"] is not None
+                             and r["cpu_per_wall"] < SHORT_OF_THREADS * r["threads"]],
     }
 
 
@@ -353,33 +542,108 @@ def _num(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _threads_cell(r: dict) -> str:
+    if r["threads"] is None:
+        return "—"
+    return f"{r['threads']} (C-sim)" if r["threads_note"] == HLS_THREADS else str(r["threads"])
+
+
+def _auto_line(result: dict) -> str:
+    auto = result.get("eps_auto")
+    if not auto:
+        return ""
+    where = (f"the row marked in the auto column" if auto["row"] else
+             f"not among the rows measured (run with --threads {auto['threads']})")
+    return (f"`--eps auto` on this host takes {auto['backend']} on {auto['threads']} thread"
+            f"{'s' if auto['threads'] != 1 else ''} ({auto['why']}{'; ' + auto['target'] if auto['target'] else ''}): "
+            f"{where}.\n\n")
+
+
 def markdown(result: dict) -> str:
     a, env, roof = result["args"], result["env"], result["roofline"]
     kernels = ", ".join(f"{r['label']} ({r['threads']} thr) {r['gb_s']:.1f}" for r in roof["kernels"])
+    ds = env.get("deepspeed", {})
+    ds_threads = f" DeepSpeedCPUAdam: {ds['threads_from']}." if ds.get("threads_from") else ""
     head = (f"Full EPS layer update on {a['numel']:,} elements: {a['contributions']} x {a['grad_dtype']} gradient "
             f"contribution(s) reduced, AdamW on fp32 p/m/v, {a['copy_dtype']} device copy. "
-            f"{env['cpu']}, {env['logical_cpus']} logical CPUs, torch {env['torch']} on {env['torch_threads']} "
-            f"threads, NumPy on 1. Median of {a['repeats']} timed runs, in blocks of up to {BLOCK} after {a['warmup']} warm-up each, methods in turn. "
+            f"{env['cpu']}, {env['logical_cpus']} logical CPUs ({env['affinity_cpus']} in this process's affinity), "
+            f"torch {env['torch']}. Each method at each thread count ({', '.join(map(str, a['threads']))}): "
+            f"the NumPy EPS with that many threads, the OpenCL EPS on a sub-device of that many compute units, "
+            f"torch and its peers with torch.set_num_threads and omp_set_num_threads on every OpenMP runtime "
+            f"loaded ({', '.join(f'{k}: {v}' for k, v in env['openmp_runtimes'].items()) or 'none found'} "
+            f"after the run).{ds_threads} "
+            f"Median of {a['repeats']} timed runs, in blocks of up to {BLOCK} after {a['warmup']} warm-up each, "
+            f"all methods of all counts in turn. "
             f"Load average before/after {env['loadavg_1min_before']:.2f}/{env['loadavg_1min_after']:.2f}: "
             f"other processes on these cores slow the multi-threaded methods most.\n\n"
             f"Roofline {roof['gb_s']:.1f} GB/s (best of: {kernels} GB/s; {roof['convention']}). "
+            f"'CPU s / wall s': the process's CPU time over the wall time of a timed run, median: the "
+            f"cores the method kept busy (spinning included), a check that it ran on its threads. "
             f"'Of roofline, same round': the median over rounds of the method's bandwidth over the best "
             f"kernel's in the same round (the bandwidth a shared host grants drifts between rounds). "
             f"Algorithmic minimum {result['minimum_bytes_per_elem']} B/element, so at most "
             f"{result['bound_elems_per_s'] / 1e9:.2f} G elements/s.\n\n"
-            "| method | threads | G elem/s | B/elem counted | GB/s | of roofline | of roofline, same round "
-            "| vs torch fused + reduce + cast |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|\n")
+            + _auto_line(result) +
+            "| method | threads | CPU s / wall s | auto | G elem/s | B/elem counted | GB/s | of roofline "
+            "| of roofline, same round | vs torch fused + reduce + cast, same threads |\n"
+            "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|\n")
     body = ""
     for r in result["rows"]:
         label = r["label"] if r["status"] == "ok" else f"{r['label']} ({r['status']})"
         eps = None if r["elems_per_s"] is None else r["elems_per_s"] / 1e9
         frac = "—" if r["roofline_fraction"] is None else f"{r['roofline_fraction']:.0%}"
         paired = "—" if r["roofline_fraction_same_round"] is None else f"{r['roofline_fraction_same_round']:.0%}"
-        body += (f"| {label} | {r['threads']} | {_num(eps, '.3f')} | {_num(r['bytes_per_elem'], 'g')} "
-                 f"| {_num(r['gb_s'], '.1f')} | {frac} | {paired} | {_num(r['vs_torch_fused'], '.2f')} |\n")
-    notes = "".join(f"- {r['method']}: {r['bytes_counted']}\n" for r in result["rows"] if r["bytes_counted"])
-    return head + body + _states_markdown(result) + "\nBytes counted per element:\n" + notes
+        body += (f"| {label} | {_threads_cell(r)} | {_num(r.get('cpu_per_wall'), '.2f')} "
+                 f"| {'✓' if r.get('auto') else ''} | {_num(eps, '.3f')} "
+                 f"| {_num(r['bytes_per_elem'], 'g')} | {_num(r['gb_s'], '.1f')} | {frac} | {paired} "
+                 f"| {_num(r['vs_torch_fused'], '.2f')} |\n")
+    counted = {}
+    for r in result["rows"]:
+        if r["bytes_counted"]:
+            counted.setdefault(r["method"], r["bytes_counted"])
+    notes = "".join(f"- {key}: {text}\n" for key, text in counted.items())
+    by_method: dict[str, dict] = {}
+    for r in result["rows"]:
+        if r["threads_note"]:
+            by_method.setdefault(r["method"], {})[r["threads"]] = r["threads_note"]
+    threads = "".join(
+        f"- {key}: {next(iter(notes.values()))}\n" if len(set(notes.values())) == 1 else
+        "".join(f"- {key} at {t}: {note}\n" for t, note in notes.items())
+        for key, notes in by_method.items())
+    short = result.get("short_of_threads")
+    if short:
+        body += (f"\nThese rows kept fewer cores busy than {SHORT_OF_THREADS:.0%} of their threads (CPU s / "
+                 f"wall s): {', '.join(short)}. Other processes held the cores, so their rates and speed-ups "
+                 f"say little about the method; rerun on a quiet machine.\n")
+    return (head + body + _scaling_markdown(result) + _states_markdown(result)
+            + "\nBytes counted per element:\n" + notes + "\nThreads:\n" + threads)
+
+
+def _scaling_markdown(result: dict) -> str:
+    """Each method's rate and same-round share of the roofline per thread count, and the
+    speed-up from the fewest threads to the most."""
+    scaling = result.get("scaling", {})
+    counts = sorted({int(t) for s in scaling.values() for t in s["threads"]})
+    if not scaling or len(counts) < 2:
+        return ""
+    lo, hi = counts[0], counts[-1]
+    head = ("\nScaling (same runs as above):\n\n| method | "
+            + " | ".join(f"{t} thr: G elem/s | {t} thr: of roofline, same round" for t in counts)
+            + f" | speed-up, {lo} → {hi} threads |\n|---|" + "---:|---:|" * len(counts) + "---:|\n")
+    lines = ""
+    for s in scaling.values():
+        cells = []
+        for t in counts:
+            at = s["threads"].get(str(t))
+            cells += ["—", "—"] if at is None else [
+                f"{at['elems_per_s'] / 1e9:.3f}", _num(at["roofline_fraction_same_round"], ".0%")]
+        if s["speedup"] is None:
+            up = "—"
+        else:
+            up = f"{s['speedup']:.2f}x" + ("" if (s["speedup_from"], s["speedup_to"]) == (lo, hi)
+                                            else f" ({s['speedup_from']} → {s['speedup_to']})")
+        lines += f"| {s['label']} | " + " | ".join(cells) + f" | {up} |\n"
+    return head + lines
 
 
 def _states_markdown(result: dict) -> str:
@@ -404,6 +668,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-dtype", choices=list(GRAD_DTYPES), default="fp32")
     p.add_argument("--copy-dtype", choices=list(COPY_DTYPES), default="fp32")
     p.add_argument("--inv-scale", type=float, default=1.0, help="1 / (loss scale * divisor) (default 1)")
+    p.add_argument("--threads", type=int, nargs="+", metavar="N", default=None,
+                   help="thread counts to time each CPU method at (default: 1 and the CPUs in this "
+                        "process's affinity)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-deepspeed", action="store_true",
@@ -421,6 +688,9 @@ def run_eps_bench_result(argv: list[str]) -> dict:
     args = _parser().parse_args(argv)
     if args.numel < 1 or args.contributions < 1 or args.repeats < 1 or args.warmup < 0 or not args.inv_scale > 0:
         raise UserError("--numel, --contributions and --repeats must be >= 1, --warmup >= 0, --inv-scale > 0")
+    if args.threads is not None and min(args.threads) < 1:
+        raise UserError(f"--threads: counts must be at least 1 (got {' '.join(map(str, args.threads))})")
+    args.threads = sorted(set(args.threads or (1, available_cpus())))
     result = run(args)
     save_results(args.out, "bench_eps", result, markdown(result))
     return result

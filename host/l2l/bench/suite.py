@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..options import Parser
-from .eps import markdown as eps_markdown, run_eps_bench_result
+from .eps import main_row, markdown as eps_markdown, run_eps_bench_result
 from .memory import run_memory_bench
 from .output import regenerate_section
 from .relay import run_relay_bench
@@ -62,14 +62,13 @@ def _sizes(quick: bool) -> dict[str, list[str]]:
 
 def headline(eps: dict, relay: list[dict], memory: dict) -> dict:
     """The figures the project's goals are stated in."""
-    rows = {r["method"]: r for r in eps["rows"]}
-    opencl = rows.get("opencl", {})
+    opencl = main_row(eps, "opencl") or {}  # at the most threads measured
     at_m4 = [r for r in relay if r["micro_batches"] >= 4]
     errors = [abs(r["prediction_error"]) for r in relay if "prediction_error" in r]
     return {
         "eps_opencl_roofline_fraction": opencl.get("roofline_fraction_same_round"),
         "eps_opencl_roofline_fraction_by_state": [  # the host's bandwidth states (bench_eps.bandwidth_states)
-            {"roofline_gb_s": st["roofline_gb_s"], "fraction": st["fractions"].get("opencl")}
+            {"roofline_gb_s": st["roofline_gb_s"], "fraction": st["fractions"].get(opencl.get("id"))}
             for st in eps.get("bandwidth_states", [])],
         "eps_opencl_vs_torch_fused": opencl.get("vs_torch_fused"),
         "l2l_vs_plain_ckpt_worst_at_m4_plus": max((r["ratio_vs_plain_ckpt"] for r in at_m4), default=None),
