@@ -32,7 +32,7 @@ import numpy as np
 from .. import kernels
 from ..errors import UserError
 from ..hostmem import aligned_empty
-from .backend import EpsBackend, adoptable, read_only
+from .backend import EpsBackend, adoptable, check_copy, check_step, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES
 from .threads import available_cpus
@@ -496,7 +496,7 @@ class OpenCLBackend(EpsBackend):
         buffer is bound to ``owner``'s (the update kernel's) ``gr``: eps_check reads it too,
         and its ``g`` sits in the same bank (hls/u280.cfg)."""
         cl = self._cl
-        block = grads if isinstance(grads, np.ndarray) and grads.ndim == 2 else None  # checked by _check_step
+        block = grads if isinstance(grads, np.ndarray) and grads.ndim == 2 else None  # checked by check_step
         k = len(grads)
         dtype = grads[0].dtype
         if block is not None and block.flags.c_contiguous and block.flags.aligned and self._zero_copy:
@@ -570,7 +570,7 @@ class OpenCLBackend(EpsBackend):
              copy_out: np.ndarray) -> bool:
         cl = self._cl
         n = self._numel[layer]
-        _check_step(grads, copy_out, n)  # before anything is enqueued: a refused step writes nothing
+        check_step(grads, copy_out, n)  # before anything is enqueued: a refused step writes nothing
         if n == 0:
             return True
         g, c, s = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype], scalars
@@ -595,7 +595,7 @@ class OpenCLBackend(EpsBackend):
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
-        _check_copy(copy_out, n)
+        check_copy(copy_out, n)
         if n == 0 or self._is_master(layer, copy_out):  # the master serving as its own copy is already written
             return
         name = f"eps_copy_{_SUFFIX[copy_out.dtype]}"
@@ -674,29 +674,6 @@ class OpenCLBackend(EpsBackend):
 
     def close(self) -> None:
         self.queue.finish()
-
-
-def _check_copy(copy_out: np.ndarray, n: int) -> None:
-    if copy_out.dtype not in _SUFFIX:
-        raise ValueError(f"device copy of dtype {copy_out.dtype}; expected float32, bfloat16 or float16")
-    if copy_out.shape != (n,):
-        raise ValueError(f"device copy of shape {copy_out.shape}, expected ({n},)")
-    if not copy_out.flags.writeable:
-        raise ValueError("device copy is read-only")
-
-
-def _check_step(grads, copy_out: np.ndarray, n: int) -> None:
-    """A step's arguments, all checked before anything is written."""
-    if len(grads) == 0:
-        raise ValueError("at least one gradient contribution")
-    if len({np.dtype(g.dtype) for g in grads}) != 1:
-        raise ValueError("gradient contributions must share one dtype")
-    if np.dtype(grads[0].dtype) not in _SUFFIX:
-        raise ValueError(f"gradient of dtype {grads[0].dtype}; expected float32, bfloat16 or float16")
-    for g in grads:
-        if g.shape != (n,):
-            raise ValueError(f"gradient of shape {g.shape}, expected ({n},)")
-    _check_copy(copy_out, n)
 
 
 def _same_arg(a, b) -> bool:
