@@ -77,8 +77,8 @@ def forecast(cfg: TrainConfig, device: torch.device, mode: str, world: int = 1) 
     runtime = memory_status().get("VmRSS")  # called before the model: the run's fixed host cost
     in_memory = replace(cfg, eps_offload=None, eps_offload_copies=False)  # what the measurements run
     rates = measure_rates(device, in_memory, calibrate_steps=False)
-    if runtime:
-        rates = replace(rates, runtime_bytes=runtime)
+    if runtime:  # with the EPS backend's own runtime (loaded by the measurement, kept by the run)
+        rates = replace(rates, runtime_bytes=runtime + rates.notes.get("eps_runtime_bytes", 0))
     calibrated = mode == "calibrated"
     if mode == "auto":
         budget = max(CALIBRATION_FREE_S, CALIBRATION_SHARE * predict(cfg, rates, machines=machines).step_s * cfg.steps)

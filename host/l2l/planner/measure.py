@@ -236,11 +236,17 @@ def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = 
     flops = measure_matmul(device, (cfg.batch_size // cfg.micro_batches) * cfg.seq_len, cfg.d_model, dtype=dtype)
     link_in, link_out = measure_link(device)
     from ..eps.choice import build
+    from ..hostmem import memory_status
+    before = memory_status().get("VmRSS", 0)
     backend, choice = build(cfg.eps_choice())
+    # what the backend's runtime keeps resident once loaded (PoCL and its compiler: tens of
+    # MiB), a fixed host cost of the run beside the interpreter's
+    runtime = max(0, memory_status().get("VmRSS", 0) - before)
     try:
         eps_rate = measure_backend(backend)
         notes = {"device": str(device), "torch_threads": torch.get_num_threads(), "eps_backend": choice.name,
-                 "eps_runs_on": backend.describe(), "measured": ["compute", "link", "eps"]}
+                 "eps_runs_on": backend.describe(), "eps_runtime_bytes": runtime,
+                 "measured": ["compute", "link", "eps"]}
     finally:
         backend.close()
     rates = Rates(flops_per_s=flops, link_bytes_per_s=link_in, link_out_bytes_per_s=link_out,
