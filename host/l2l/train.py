@@ -241,7 +241,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     bar = _progress(cfg, start)
     last_val, last_loss, tps_seen, step_times, digests = None, None, [], [], None
     peak = weight_peak = host_stash = 0
-    disk_now = getattr(getattr(engine, "eps", None), "disk_io_now", None) if cfg.eps_offload is not None else None
+    disk_now = getattr(eps, "disk_io_now", None) if cfg.eps_offload is not None else None
     disk_at_start = disk_now() if disk_now is not None else None  # the ledger before the steps: the build's
     disk_mark = None  # the ledger at the last step's record
     try:
@@ -307,8 +307,6 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                          host_stash_bytes=host_stash,
                          params=stack.num_params)
     summary.machines_weights_sha256 = digests
-    if eps is not None and eps.choice is not None:
-        summary.eps = eps.choice.record(eps.backend)
     # under torchrun: the final masters' digest, equal for any number of machines (and to
     # distributed.weights_digest of the last checkpoint's tensors, which a one-process run has)
     summary.weights_sha256 = digests[0] if digests else None
@@ -316,16 +314,17 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         summary.machines_host_peak_bytes = [int(x) for x in distributed.each_machine(
             summary.host_peak_bytes or 0, "the machines' peak memory")]
     if sharded(engine) and cfg.steps > start:  # what the machines sent each other a step, all together
-        eps = engine.eps
         summary.collective_bytes_per_step = float(eps.net.sum_f64("the byte count", [eps.sent_bytes])[0]) / (cfg.steps - start)
-    if getattr(engine, "eps", None) is not None:
-        summary.eps_copy_bytes = engine.eps.copy_bytes
-    if cfg.eps_offload is not None and getattr(engine, "eps", None) is not None:
-        summary.eps_disk = engine.eps.disk_io()
+    if eps is not None:
+        summary.eps_copy_bytes = eps.copy_bytes
+        if eps.choice is not None:
+            summary.eps = eps.choice.record(eps.backend)
+    if cfg.eps_offload is not None and eps is not None:
+        summary.eps_disk = eps.disk_io()
         summary.eps_disk_at_start = disk_at_start
         if summary.eps_disk is not None and disk_at_start is not None and disk_mark is not None:
             # the calls between the first step's start and the last step's record
-            summary.eps_disk["timeline_steps"] = engine.eps.disk_timeline(disk_at_start["t"], disk_mark["t"])
+            summary.eps_disk["timeline_steps"] = eps.disk_timeline(disk_at_start["t"], disk_mark["t"])
     if plan is not None and step_times:
         line, summary.plan = plan.compare(step_times, peak, summary.host_peak_bytes)
         say(line)

@@ -431,9 +431,8 @@ def _auto_target(auto: EpsChoice, rows: list[dict]) -> dict:
     cpus = available_cpus()
     name, why, threads = auto.name, auto.why, cpus
     if name == "opencl":
-        from ..eps.opencl_backend import choose_device
-        _, dev = choose_device(auto.options.get("platform"), auto.options.get("device"))
-        threads = min(cpus, dev.max_compute_units)
+        from ..eps.opencl_backend import choose_device, default_threads
+        threads = default_threads(choose_device(auto.options.get("platform"), auto.options.get("device"))[1])
         row = next((r for r in rows if r["method"] == name and r["threads"] == threads), None)
         if row is not None and row["status"] != "ok":
             name, threads, why = "numpy", cpus, f"the OpenCL EPS on the CPU did not start ({row['status']})"

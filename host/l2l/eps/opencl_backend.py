@@ -174,12 +174,21 @@ def cpu_device() -> tuple[tuple[int, int] | None, str]:
     return None, f"no OpenCL CPU device ({INSTALL_HINT})"
 
 
+def default_threads(dev) -> int | None:
+    """The compute units the EPS takes of ``dev`` unless told: on a CPU device the cores this
+    process may use (its affinity mask, not the machine's), at most the device's; elsewhere
+    None (all of the device)."""
+    if dev.type & _cl().device_type.CPU:
+        return min(available_cpus(), dev.max_compute_units)
+    return None
+
+
 def _with_threads(cl, dev, threads: int | None):
-    """``dev``, or with ``threads`` fewer than its compute units a sub-device of that many (the
-    EPS kept to its share of the cores; by default the CPUs in this process's affinity mask);
-    ``threads`` applies to a CPU device only."""
-    if threads is None and dev.type & cl.device_type.CPU:  # the cores this process may use, not the machine's
-        threads = min(available_cpus(), dev.max_compute_units)
+    """``dev``, or with ``threads`` (by default :func:`default_threads`) fewer than its compute
+    units a sub-device of that many (the EPS kept to its share of the cores); ``threads``
+    applies to a CPU device only."""
+    if threads is None:
+        threads = default_threads(dev)
     if threads is None or threads == dev.max_compute_units:
         return dev
     if not dev.type & cl.device_type.CPU:
