@@ -42,9 +42,10 @@ class EpsBackend(ABC):
 
     @abstractmethod
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
-             copy_out: np.ndarray) -> bool:
+             copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         """Reduce ``grads`` (K arrays of n, or one (K, n) array), and if all finite
-        update the layer and write its device copy.
+        update the layer and write its device copy. Weight decay applies to the layer's first
+        ``n_decay`` elements (default: all of them; the parameter groups, decayed first).
 
         Returns the finite flag; when False nothing of the layer changed.
         """
@@ -106,10 +107,13 @@ class EpsBackend(ABC):
         """Release device resources."""
 
 
-def check_step(grads, copy_out: np.ndarray, n: int) -> None:
+def check_step(grads, copy_out: np.ndarray, n: int, n_decay: int | None = None) -> None:
     """A step's arguments against the contract, all checked before anything is written:
     K >= 1 contributions of one gradient dtype and ``n`` elements each, a writable device copy
-    of ``n`` elements in a copy dtype. ValueError names the first that is wrong."""
+    of ``n`` elements in a copy dtype, a decay boundary in ``[0, n]``. ValueError names the
+    first that is wrong."""
+    if n_decay is not None and not 0 <= n_decay <= n:
+        raise ValueError(f"n_decay {n_decay} outside [0, {n}]")
     if len(grads) == 0:
         raise ValueError("at least one gradient contribution")
     if len({np.dtype(g.dtype) for g in grads}) != 1:

@@ -94,17 +94,29 @@ class _Scratch:
 
 def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
                  s: StepScalars, copy_out: np.ndarray | None = None,
-                 scratch: _Scratch | None = None) -> None:
+                 scratch: _Scratch | None = None, n_decay: int | None = None) -> None:
     """AdamW in place on ``p, m, v`` from the reduced gradient ``g``; then the device copy.
 
-    The device copy (fp32, bf16 or fp16, per ``copy_out.dtype``) is written
-    chunk by chunk while ``p'`` is still in cache: one pass over memory.
+    Weight decay applies to elements ``[0, n_decay)`` only (default: all): the entry's layout
+    puts its decayed parameters first (the parameter groups). The device copy (fp32, bf16 or
+    fp16, per ``copy_out.dtype``) is written chunk by chunk while ``p'`` is still in cache:
+    one pass over memory.
     """
+    n = p.shape[0]
+    n_decay = n if n_decay is None else n_decay
+    if not 0 <= n_decay <= n:
+        raise ValueError(f"n_decay {n_decay} outside [0, {n}]")
     with np.errstate(all="ignore"):  # overflow to inf is a defined result, not an error
-        _adamw(p, m, v, g, s, copy_out, scratch or _Scratch())
+        _adamw(p, m, v, g, s, copy_out, scratch or _Scratch(), n_decay)
 
 
-def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch) -> None:
+def decayed_part(lo: int, hi: int, n_decay: int) -> int:
+    """How many of elements ``[lo, hi)`` of an entry lie below its decay boundary: the
+    ``n_decay`` of that range seen as an entry of its own (a thread's range, a shard)."""
+    return min(max(n_decay - lo, 0), hi - lo)
+
+
+def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch, n_decay: int) -> None:
     n = p.shape[0]
     s = _ZeroDim(s)
     for lo in range(0, n, CHUNK):
@@ -115,7 +127,8 @@ def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch) -> None:
         if gc.dtype != np.float32:  # a narrow contribution (unreduced): widened, exactly
             scratch.g[:k] = gc
             gc = scratch.g[:k]
-        np.multiply(pc, s.decay, out=pc)          # p1 = p * decay
+        d = decayed_part(lo, hi, n_decay)
+        np.multiply(pc[:d], s.decay, out=pc[:d])  # p1 = p * decay; past n_decay p1 = p
         np.multiply(s.b1, mc, out=mc)             # b1 * m
         np.multiply(s.omb1, gc, out=a)            # omb1 * g
         np.add(mc, a, out=mc)                     # m' = (b1*m) + (omb1*g)

@@ -62,9 +62,9 @@ class NumpyBackend(EpsBackend):
             store.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
-             copy_out: np.ndarray) -> bool:
+             copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         n = self._p[layer].shape[0]
-        check_step(grads, copy_out, n)  # the ranges below see only slices of the arguments
+        check_step(grads, copy_out, n, n_decay)  # the ranges below see only slices of the arguments
         g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled contribution: itself, widened per chunk
         if g is not None:
             finite = self._pool.map(lambda lo, hi: numerics.all_finite(g[lo:hi]), n)
@@ -76,10 +76,12 @@ class NumpyBackend(EpsBackend):
             return False
         p, m, v = self._p[layer], self._m[layer], self._v[layer]
         copy = None if copy_out is p else copy_out
+        n_decay = n if n_decay is None else n_decay
 
         def update(lo: int, hi: int) -> None:
             numerics.adamw_update(p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], scalars,
-                                  copy_out=None if copy is None else copy[lo:hi], scratch=self._scratch())
+                                  copy_out=None if copy is None else copy[lo:hi], scratch=self._scratch(),
+                                  n_decay=numerics.decayed_part(lo, hi, n_decay))
         self._pool.map(update, n)
         return True
 
