@@ -50,6 +50,23 @@ def corpus():
     return load_corpus(None)
 
 
+@pytest.fixture(scope="session")
+def trainer_decay_names():
+    """Hugging Face Trainer's parameter groups of a model: the names it weight-decays
+    (``Trainer.get_decay_parameter_names``, imported once: importing Trainer takes seconds)."""
+    from transformers import Trainer
+    return lambda model: set(Trainer.get_decay_parameter_names(None, model))
+
+
+def adamw_with_trainer_groups(model, decayed: set[str], *, weight_decay: float, **kw):
+    """torch.optim.AdamW over ``model`` with Trainer's two groups: ``decayed`` and the rest."""
+    import torch
+    named = dict(model.named_parameters())
+    return torch.optim.AdamW(
+        [{"params": [p for k, p in named.items() if k in decayed], "weight_decay": weight_decay},
+         {"params": [p for k, p in named.items() if k not in decayed], "weight_decay": 0.0}], **kw)
+
+
 def sampler_for(corpus, cfg: ModelConfig, batch_size: int, seed: int = 0) -> BatchSampler:
     return BatchSampler(corpus.train, cfg.seq_len, batch_size, family(cfg.family).objective, seed=seed)
 

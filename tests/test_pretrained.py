@@ -22,7 +22,7 @@ from l2l.data import Batch, _mask
 from l2l.models import build_stack
 from l2l.models.hf_version import dtype_kwarg
 
-from conftest import CPU, run_cli
+from conftest import CPU, adamw_with_trainer_groups, run_cli
 from shared_runs import cli_once
 
 
@@ -150,10 +150,10 @@ def _zero_gradient(key: str, weight: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama-tied", "mistral", "qwen2", "qwen3", "gpt2", "bert"])
-def test_fine_tuning_equals_hugging_face_trained_in_memory(name, tmp_path):
+def test_fine_tuning_equals_hugging_face_trained_in_memory(name, tmp_path, trainer_decay_names):
     """20 steps over 4 micro-batches: every step's loss and every final weight equal Hugging
-    Face's model trained with torch.optim.AdamW on the same batches, a tied embedding tied in
-    both (one tensor in the HF model, one EPS entry in l2l)."""
+    Face's model trained with torch.optim.AdamW with Trainer's parameter groups on the same
+    batches, a tied embedding tied in both (one tensor in the HF model, one EPS entry in l2l)."""
     directory = _write(tmp_path, name)
     hyper = dict(lr=1e-3, beta1=0.9, beta2=0.99, adam_eps=1e-8, weight_decay=0.01)
     cfg = _cfg(directory, micro_batches=4, **hyper)
@@ -161,7 +161,8 @@ def test_fine_tuning_equals_hugging_face_trained_in_memory(name, tmp_path):
     assert len(stack.shared) == (1 if name in TIED else 0)
     engine = build_engine(cfg, stack, CPU)
     hf = _hf(name, directory).train()
-    opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+    opt = adamw_with_trainer_groups(hf, trainer_decay_names(hf), weight_decay=0.01, lr=1e-3, betas=(0.9, 0.99),
+                                    eps=1e-8)
     try:
         for step in range(20):
             batch = _batch(seed=step, name=name)

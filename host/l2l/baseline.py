@@ -47,9 +47,12 @@ class PlainEngine:
         self.modules = [layer.module.to(device) for layer in stack.layers]
         # a parameter shared by two layers (tied embeddings) is one parameter here, as in the HF model
         self.params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
+        decayed = {id(p) for _, layout, params in self._layer_params() for slot, p in zip(layout.slots, params)
+                   if slot.offset < layout.decayed}  # the layouts' parameter groups, as the EPS decays them
+        groups = [{"params": [p for p in self.params if id(p) in decayed], "weight_decay": hyper.weight_decay},
+                  {"params": [p for p in self.params if id(p) not in decayed], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps,
-            weight_decay=hyper.weight_decay)
+            [g for g in groups if g["params"]], lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
         self.scaler = None
         if precision == "fp16":  # the relay's LossScaler defaults are GradScaler's
             d = LossScaler()
@@ -149,7 +152,7 @@ class PlainEngine:
         for i, _, params in self._layer_params():
             state = self.optimizer.state.get(params[0], {}) if params else {}
             steps[str(i)] = int(state["step"]) if "step" in state else 0
-        meta = {"steps": steps}
+        meta = {"steps": steps, "n_decay": {str(e): self.stack.entry_n_decay(e) for e in range(self.stack.num_entries)}}
         if self.scaler:  # in the relay's LossScaler format, so runs move between engines
             st = self.scaler.state_dict()
             meta["loss_scaler"] = {**LossScaler().state_dict(), "scale": st["scale"],
@@ -162,6 +165,11 @@ class PlainEngine:
             st = meta["loss_scaler"]
             self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": st["scale"],
                                          "_growth_tracker": st["clean_steps"]})
+        for e in range(self.stack.num_entries):  # the grouping is checked before anything is loaded
+            saved, mine = int(meta.get("n_decay", {}).get(str(e), self.stack.entry_numel(e))), self.stack.entry_n_decay(e)
+            if saved != mine:
+                raise ValueError(f"layer{e}: the checkpoint weight-decays {saved} of its elements, this run {mine}: "
+                                 "another parameter grouping (--weight-decay-all decays every element)")
         for i, layout, params in self._layer_params():
             p, m, v = (torch.from_numpy(np.asarray(tensors[f"layer{i}.{k}"], np.float32)) for k in "pmv")
             t = int(meta["steps"][str(i)])

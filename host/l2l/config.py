@@ -23,7 +23,10 @@ EPS_LAYOUTS = ("sharded", "replicated")
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
                    "adam_eps", "seed", "data", "tokenizer", "schedule_steps", "precision", "overflow",
-                   "clip_grad_norm")
+                   "clip_grad_norm", "weight_decay_all")
+# What a run recorded before a setting existed did, where that is not today's default: a
+# checkpoint's record without the key is read with this value (resume, export).
+LEGACY_DEFAULTS = {"weight_decay_all": True}  # runs before the parameter groups decayed everything
 
 
 @dataclass
@@ -43,6 +46,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.01
+    weight_decay_all: bool = False  # False: Trainer's parameter groups (no decay on biases, norms)
     beta1: float = 0.9
     beta2: float = 0.99
     adam_eps: float = 1e-8
@@ -90,7 +94,8 @@ class TrainConfig:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
-                           heads=self.heads, seq_len=self.seq_len, dropout=self.dropout, init=self.init)
+                           heads=self.heads, seq_len=self.seq_len, dropout=self.dropout, init=self.init,
+                           decay_groups=not self.weight_decay_all)
 
     @property
     def total_schedule_steps(self) -> int:
@@ -104,6 +109,11 @@ class TrainConfig:
         """The config of a dict with these fields and maybe others (parsed options, a checkpoint's record)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_record(cls, d: dict) -> "TrainConfig":
+        """The config a checkpoint recorded, its missing settings read as what they did then."""
+        return cls.from_dict({**LEGACY_DEFAULTS, **d})
 
     def trajectory(self) -> dict:
         d = self.to_dict()

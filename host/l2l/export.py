@@ -40,12 +40,12 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
     ck = load_latest(run_dir)
     if ck is None:
         raise UserError(f"{run_dir} holds no checkpoint to export")
-    cfg = TrainConfig.from_dict(ck.meta["config"])
+    cfg = TrainConfig.from_record(ck.meta["config"])
     if "model_type" not in ck.meta.get("signature", {}).get("config", {}):
         raise UserError(f"{run_dir} trained {cfg.model!r}: export writes Hugging Face directories for runs of a "
                         "model directory (--model DIR), whose config and tensor names it reuses")
     source = export_source(run_dir, model)
-    stack, keys = checkpoint_keys(str(source))
+    stack, keys = checkpoint_keys(str(source), decay_groups=not cfg.weight_decay_all)
     if not same_model(ck.meta["signature"], stack.signature()):
         raise UserError(f"{source} does not match the model {run_dir} trained (its config differs)")
 

@@ -99,6 +99,8 @@ OPTIMIZER = (
     Option("--min-lr-ratio", "the schedule's floor as a share of --lr (default %(default)s)", float),
     Option("--warmup-steps", "linear warm-up steps (default %(default)s)", int),
     Option("--weight-decay", "AdamW's decoupled weight decay (default %(default)s)", float),
+    Option("--weight-decay-all", "decay every parameter; default: none on biases and normalisation weights, "
+           "as Hugging Face's Trainer groups them", action="store_true"),
     Option("--beta1", "AdamW beta1 (default %(default)s)", float),
     Option("--beta2", "AdamW beta2 (default %(default)s)", float),
     Option("--adam-eps", "AdamW epsilon (default %(default)s)", float),

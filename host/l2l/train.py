@@ -20,7 +20,7 @@ import torch
 from . import checkpoint as ckpt
 from . import distributed
 from .build import build_engine, check_offload_machines, offload_tiers, resolve_device
-from .config import TrainConfig
+from .config import LEGACY_DEFAULTS, TrainConfig
 from .data import BatchSampler, load_corpus
 from .engine import Engine
 from .eps.disk_tier import check_run_id
@@ -90,13 +90,15 @@ def _check_resumable(cfg: TrainConfig, saved: dict, stack, where: Path) -> None:
     if saved.get("format") != FORMAT:
         raise UserError(f"{where} is not an l2l training checkpoint (format {saved.get('format')!r})")
     theirs = saved["trajectory"]
-    defaults = TrainConfig().to_dict()  # keys added after the checkpoint was written
+    defaults = {**TrainConfig().to_dict(), **LEGACY_DEFAULTS}  # keys added after the checkpoint was written
     # a model directory is the same model wherever it is now: the signature compares its content
     by_content = {"model"} if "model_type" in stack.config else set()
     for key, mine in cfg.trajectory().items():
-        if key not in by_content and theirs.get(key, defaults.get(key)) != mine:
-            raise UserError(f"checkpoint in {where} is from another run: {key} was "
-                            f"{theirs.get(key)!r}, now {mine!r}")
+        was = theirs.get(key, defaults.get(key))
+        if key not in by_content and was != mine:
+            hint = " (--weight-decay-all decays every parameter, as runs before the parameter groups did)" \
+                if key == "weight_decay_all" else ""
+            raise UserError(f"checkpoint in {where} is from another run: {key} was {was!r}, now {mine!r}{hint}")
     if not same_model(saved["signature"], stack.signature()):
         raise UserError(f"checkpoint in {where} does not match the model's layer layout")
 

@@ -215,14 +215,14 @@ class OffloadedBackend(EpsBackend):
         self._fresh = slab
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
-             copy_out: np.ndarray) -> bool:
+             copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         self._fresh = None
         self._settle_writes()
         slab = self._take(layer)
         self._read_ahead(self._upcoming(layer))  # the next reads overlap this update
         self.inner.adopt(layer, *slab.arrays)
         try:
-            finite = self.inner.step(layer, grads, scalars, copy_out)
+            finite = self.inner.step(layer, grads, scalars, copy_out, n_decay=n_decay)
             if finite:  # a skipped update changed nothing: nothing to write
                 for dst, src in zip(slab.arrays, self.inner.state_view(layer)):
                     if dst.ctypes.data != src.ctypes.data:  # the inner backend kept a copy of its own

@@ -98,6 +98,7 @@ class EagerParamServer:
         self.copies = copies
         self._alloc = host_alloc
         self._numel: dict[int, int] = {}
+        self._n_decay: dict[int, int] = {}  # entry -> its decay boundary (the parameter groups)
         self._contributors: dict[int, int] = {}
         self._steps: dict[int, int] = {}
         self._copies: dict[int, np.ndarray] = {}
@@ -124,14 +125,19 @@ class EagerParamServer:
         self._held: dict[int, Future] = {}  # layer -> future of (finite, sumsq, divisor, loss_scale, hyper)
 
     # ----------------------------------------------------------- layers
-    def add_layer(self, layer: int, p: np.ndarray, users: int = 1) -> None:
+    def add_layer(self, layer: int, p: np.ndarray, users: int = 1, n_decay: int | None = None) -> None:
         """A new entry with initial weights ``p``; ``users`` layers (each on every one of the
-        ``contributors`` workers) give it a gradient contribution per step."""
+        ``contributors`` workers) give it a gradient contribution per step. Weight decay
+        applies to its first ``n_decay`` elements (default: all; the layout's parameter groups)."""
         if layer in self._numel:
             raise ValueError(f"layer {layer} already added")
         if users < 1:
             raise ValueError("users must be >= 1")
         p = np.ascontiguousarray(p, dtype=np.float32).reshape(-1)
+        n_decay = p.shape[0] if n_decay is None else int(n_decay)
+        if not 0 <= n_decay <= p.shape[0]:
+            raise ValueError(f"layer {layer}: n_decay {n_decay} outside [0, {p.shape[0]}]")
+        self._n_decay[layer] = n_decay
         self._numel[layer] = p.shape[0]
         self._contributors[layer] = self.contributors * users
         self._steps[layer] = 0
@@ -157,6 +163,14 @@ class EagerParamServer:
     def _local(self, layer: int, a: np.ndarray) -> np.ndarray:
         """The part of an entry-long array this EPS keeps: all of it (a sharded EPS: its slice)."""
         return a
+
+    def _local_decay(self, layer: int) -> int:
+        """The decay boundary of the part of the entry this EPS keeps (a sharded EPS: its slice's)."""
+        return self._n_decay[layer]
+
+    def n_decay(self, layer: int) -> int:
+        """The entry's decay boundary: its first ``n_decay`` elements are weight-decayed."""
+        return self._n_decay[layer]
 
     def _fill_copy(self, layer: int, p: np.ndarray) -> None:
         """Write the layer's device copy of its masters ``p`` (just allocated or loaded)."""
@@ -485,13 +499,15 @@ class EagerParamServer:
             grads = self._gradients(layer)
         if self._on_disk(layer):
             held = self.copies.buffer(layer)
-            finite = self.backend.step(layer, grads, scalars, held.array)
+            finite = self.backend.step(layer, grads, scalars, held.array, n_decay=self._local_decay(layer))
             if finite:
                 self.copies.updated(layer, held)
             else:
                 self.copies.discard(held)
             return finite
-        return self.backend.step(layer, grads, scalars, self._copies[layer]) if self._on_backend(layer) else True
+        if not self._on_backend(layer):
+            return True
+        return self.backend.step(layer, grads, scalars, self._copies[layer], n_decay=self._local_decay(layer))
 
     def _gradients(self, layer: int) -> np.ndarray:
         """The layer's contributions as the backend takes them: the (K, n) inbox; across
@@ -559,7 +575,8 @@ class EagerParamServer:
         return self.backend.read_master(layer)
 
     def state_meta(self) -> dict:
-        return {"steps": {str(k): v for k, v in self._steps.items()}}
+        return {"steps": {str(k): v for k, v in self._steps.items()},
+                "n_decay": {str(k): v for k, v in self._n_decay.items()}}
 
     def load_state(self, tensors: Mapping[str, np.ndarray], meta: dict) -> None:
         """Replace every layer's state: every name, shape and step count is checked before
@@ -573,6 +590,12 @@ class EagerParamServer:
                 steps = int(meta["steps"][str(layer)])
             except KeyError as exc:
                 raise ValueError(f"checkpoint lacks {exc.args[0]}") from None
+            # a checkpoint from before the parameter groups decayed every element
+            saved = int(meta.get("n_decay", {}).get(str(layer), self._numel[layer]))
+            if saved != self._n_decay[layer]:
+                raise ValueError(f"layer{layer}: the checkpoint weight-decays {saved} of its {self._numel[layer]} "
+                                 f"elements, this run {self._n_decay[layer]}: another parameter grouping "
+                                 f"(--weight-decay-all decays every element, as runs before the groups did)")
             for name, (shape, dtype) in zip("pmv", specs):
                 if shape != (self._numel[layer],) or dtype != np.float32:
                     raise ValueError(f"layer{layer}.{name}: {dtype}{list(shape)}, "

@@ -45,7 +45,7 @@ from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .contract import StepScalars
 from .gather import GATHER_WINDOW, WAIT_S, CopyGather
-from .numerics import reduce_gradients
+from .numerics import decayed_part, reduce_gradients
 from .server import EagerParamServer, HostAlloc, UpdateRecord, block_sumsqs
 from .shards import ShardLayout
 
@@ -89,10 +89,14 @@ class ShardedParamServer(EagerParamServer):
         s = self.layout.slice_of(layer, self.rank)
         return np.ascontiguousarray(np.asarray(a)[s.lo:s.hi], dtype=np.float32)
 
-    def add_layer(self, layer: int, p: np.ndarray, users: int = 1) -> None:
+    def _local_decay(self, layer: int) -> int:
+        s = self.layout.slice_of(layer, self.rank)
+        return decayed_part(s.lo, s.hi, self._n_decay[layer])
+
+    def add_layer(self, layer: int, p: np.ndarray, users: int = 1, n_decay: int | None = None) -> None:
         if layer not in self.layout.numels or self.layout.numels[layer] != np.asarray(p).size:
             raise ValueError(f"entry {layer} of {np.asarray(p).size} elements is not in the shard layout")
-        super().add_layer(layer, p, users)
+        super().add_layer(layer, p, users, n_decay)
         self._settled[layer] = 0
 
     # ----------------------------------------------------------- copies
@@ -150,12 +154,14 @@ class ShardedParamServer(EagerParamServer):
         if summed is not None:  # a committed held step: checked finite on every rank
             finite = True
             if mine.numel:
-                finite = self.backend.step(layer, [summed], scalars, self._copies[layer])
+                finite = self.backend.step(layer, [summed], scalars, self._copies[layer],
+                                           n_decay=self._local_decay(layer))
         else:
             g, local = self._fold(layer, scalars.inv_scale)
             finite = self.net.all_finite(layer, local)
             if finite and mine.numel:  # g is already scaled: times 1.0 is exact
-                self.backend.step(layer, [g], replace(scalars, inv_scale=np.float32(1.0)), self._copies[layer])
+                self.backend.step(layer, [g], replace(scalars, inv_scale=np.float32(1.0)), self._copies[layer],
+                                  n_decay=self._local_decay(layer))
         return finite
 
     def _held_check(self, layer: int, inv_scale: np.float32) -> tuple[bool, list[float]]:

@@ -46,7 +46,7 @@ FAMILIES: dict[str, ModelFamily] = {
 def _build_pretrained(cfg: ModelConfig, seed: int) -> LayerStack:
     _need_transformers()
     from .pretrained import build_pretrained
-    return build_pretrained(cfg.family, cfg.init, cfg.seq_len)
+    return build_pretrained(cfg.family, cfg.init, cfg.seq_len, decay_groups=cfg.decay_groups)
 
 
 def family(name: str) -> ModelFamily:

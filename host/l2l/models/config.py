@@ -15,9 +15,11 @@ class ModelConfig:
     seq_len: int = 128
     dropout: float = 0.0
     init: str = "pretrained"  # a model directory: its weights, or "random" (built-in families: random)
+    decay_groups: bool = True  # weight decay by Trainer's parameter groups (decayed parameters first)
 
     def to_dict(self) -> dict:
-        """The shape, as checkpoints record it (``init`` is not shape: a resume reads the weights)."""
+        """The shape, as checkpoints record it (``init`` is not shape: a resume reads the weights;
+        the grouping is in the stack's signature, as the layouts' boundaries)."""
         d = asdict(self)
-        del d["init"]
+        del d["init"], d["decay_groups"]
         return d

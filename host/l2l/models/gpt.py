@@ -107,6 +107,8 @@ def build_gpt(cfg: ModelConfig, seed: int) -> LayerStack:
     layers = []
     for i, (name, kind, module) in enumerate(modules):
         layer = Layer(name, kind, module)
-        layer.source = partial(_initial_weights, layer.layout, derive_seed(seed, "gpt-init", i), std, resid_std)
         layers.append(layer)
-    return LayerStack(layers, cfg.to_dict(), BYTE_VOCAB)
+    stack = LayerStack(layers, cfg.to_dict(), BYTE_VOCAB, decay_groups=cfg.decay_groups)
+    for i, layer in enumerate(stack.layers):  # after the stack has laid the layers out
+        layer.source = partial(_initial_weights, layer.layout, derive_seed(seed, "gpt-init", i), std, resid_std)
+    return stack

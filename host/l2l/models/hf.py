@@ -132,10 +132,10 @@ def build_from_recipe(recipe: Recipe, cfg: ModelConfig) -> LayerStack:
     """Build the HF model (the caller seeds the RNG) and cut it into a stack."""
     if cfg.d_model % cfg.heads:
         raise ValueError("d_model must be a multiple of heads")
-    return cut_model(recipe, recipe.make(cfg), cfg.to_dict())
+    return cut_model(recipe, recipe.make(cfg), cfg.to_dict(), decay_groups=cfg.decay_groups)
 
 
-def cut_model(recipe: Recipe, model: nn.Module, stack_config: dict) -> LayerStack:
+def cut_model(recipe: Recipe, model: nn.Module, stack_config: dict, *, decay_groups: bool = False) -> LayerStack:
     """``model``'s parts, as ``recipe`` finds them, moved into a layer stack."""
     if model.config._attn_implementation != "sdpa":  # a lone block is only causal under sdpa
         raise RuntimeError(f"expected sdpa attention, got {model.config._attn_implementation!r}")
@@ -150,7 +150,7 @@ def cut_model(recipe: Recipe, model: nn.Module, stack_config: dict) -> LayerStac
     if len(parts) != len(recipe.head):
         raise ValueError(f"head paths must end in distinct names: {recipe.head}")
     layers.append(Layer("post", "post", Head(parts)))
-    stack = LayerStack(layers, stack_config, model.config.vocab_size)
+    stack = LayerStack(layers, stack_config, model.config.vocab_size, decay_groups=decay_groups)
     stack.train(True)  # like the built-in model; the relay sets the mode it needs
     return stack
 

@@ -106,7 +106,8 @@ def model_shape(directory: str | Path) -> tuple[int, int, int]:
         raise UserError(f"{directory}: config.json lacks the model's depth, width or head count") from None
 
 
-def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> LayerStack:
+def build_pretrained(directory: str, init: str, seq_len: int | None = None, *,
+                     decay_groups: bool = True) -> LayerStack:
     """The model in ``directory`` as a layer stack; ``init`` "pretrained" reads its weights
     (entry by entry, when the EPS asks), "random" initialises them (the caller seeds).
     ``seq_len`` is checked against learned position embeddings. :data:`RESUMED` builds a
@@ -123,9 +124,9 @@ def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> L
     if init == "random":
         config, stack_config = _configs(directory)
         return _cut(family, _auto(family).from_config(config, attn_implementation="sdpa", **dtype_kwarg(torch.float32)),
-                    stack_config)
+                    stack_config, decay_groups)
     if init == RESUMED:
-        stack, _, _ = _meta_stack(directory)
+        stack, _, _ = _meta_stack(directory, decay_groups)
         tensors = recorded_tensors(directory)
         if tensors is not None:
             stack.config["tensors"] = tensors
@@ -133,7 +134,7 @@ def build_pretrained(directory: str, init: str, seq_len: int | None = None) -> L
             _set_source(stack, e, partial(np.zeros, stack.entry_numel(e), np.float32))
         return stack
     weights = SafetensorsWeights(directory)  # every file checked before the model is built
-    stack, keys, base_prefix = _meta_stack(directory)
+    stack, keys, base_prefix = _meta_stack(directory, decay_groups)
     stack.config["tensors"] = weights.digest()
     layouts = [stack.entry_layout(e)[1] for e in range(stack.num_entries)]
     stored = iter(weights.check([(key, slot.shape) for layout, entry_keys in zip(layouts, keys)
@@ -160,16 +161,16 @@ def _set_source(stack: LayerStack, e: int, reader) -> None:
         stack.shared[e - len(stack.layers)].source = reader
 
 
-def checkpoint_keys(directory: str) -> tuple[LayerStack, list[list[str]]]:
+def checkpoint_keys(directory: str, decay_groups: bool = True) -> tuple[LayerStack, list[list[str]]]:
     """The directory's model as a layer stack on the meta device (no weights), and per
     EPS entry (each layer's own parameters, then each shared one) the checkpoint's name
     of each slot of its flat layout, in layout order. A tied parameter has the name the
     model gives it first (the input embedding's), the one ``save_pretrained`` writes."""
-    stack, keys, _ = _meta_stack(directory)
+    stack, keys, _ = _meta_stack(directory, decay_groups)
     return stack, keys
 
 
-def _meta_stack(directory: str) -> tuple[LayerStack, list[list[str]], str]:
+def _meta_stack(directory: str, decay_groups: bool) -> tuple[LayerStack, list[list[str]], str]:
     """:func:`checkpoint_keys`, and the attribute of the model's base model (its prefix)."""
     family = family_of(directory)
     config, stack_config = _configs(directory)
@@ -184,7 +185,7 @@ def _meta_stack(directory: str) -> tuple[LayerStack, list[list[str]], str]:
         setattr(model.get_submodule(owner), attr, type(aux)(config=model.config))
     _compute_buffers(model)
     names = {id(p): n for n, p in model.named_parameters()}
-    stack = _cut(family, model, stack_config)
+    stack = _cut(family, model, stack_config, decay_groups)
     keys = []
     for e in range(stack.num_entries):
         i, layout = stack.entry_layout(e)
@@ -217,9 +218,9 @@ def _auto(family: PretrainedFamily):
     return getattr(transformers, family.auto_class)
 
 
-def _cut(family: PretrainedFamily, model: torch.nn.Module, stack_config: dict) -> LayerStack:
+def _cut(family: PretrainedFamily, model: torch.nn.Module, stack_config: dict, decay_groups: bool) -> LayerStack:
     from .hf import cut_model
-    return cut_model(_recipe(family), model, stack_config)
+    return cut_model(_recipe(family), model, stack_config, decay_groups=decay_groups)
 
 
 def _configs(directory: str):

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .decay_groups import no_decay_names
+
 IGNORE_INDEX = -100
 
 
@@ -44,22 +46,37 @@ class ParamSlot:
 
 @dataclass(frozen=True)
 class FlatLayout:
-    """Where each named parameter of a layer lives inside its flat buffer."""
+    """Where each named parameter of a layer lives inside its flat buffer. Weight decay applies
+    to the first ``n_decay`` elements (None: all): with parameter groups the decayed
+    parameters come first, so one boundary per entry tells the EPS which."""
 
     slots: tuple[ParamSlot, ...]
     numel: int
+    n_decay: int | None = None
 
     @classmethod
-    def of(cls, module: nn.Module, exclude: frozenset[str] = frozenset()) -> "FlatLayout":
-        """``module``'s parameters in order, each once, but for the names in ``exclude``."""
-        slots, offset = [], 0
-        for name, p in module.named_parameters():  # shared parameters appear once
-            if name in exclude:
-                continue
-            n = p.numel()
-            slots.append(ParamSlot(name, tuple(p.shape), offset, n))
-            offset += n
-        return cls(tuple(slots), offset)
+    def of(cls, module: nn.Module, exclude: frozenset[str] = frozenset(),
+           no_decay: frozenset[str] | None = None) -> "FlatLayout":
+        """``module``'s parameters in order, each once, but for the names in ``exclude``; with
+        ``no_decay`` (names weight decay leaves alone), the decayed ones first, each group in
+        module order."""
+        params = [(name, p) for name, p in module.named_parameters() if name not in exclude]  # shared: once
+        if no_decay is not None:
+            params = [(n, p) for n, p in params if n not in no_decay] + [(n, p) for n, p in params if n in no_decay]
+        slots, offset, n_decay = [], 0, None
+        for name, p in params:
+            if no_decay is not None and n_decay is None and name in no_decay:
+                n_decay = offset
+            slots.append(ParamSlot(name, tuple(p.shape), offset, p.numel()))
+            offset += p.numel()
+        if no_decay is not None and n_decay is None:
+            n_decay = offset
+        return cls(tuple(slots), offset, n_decay)
+
+    @property
+    def decayed(self) -> int:
+        """Elements weight decay applies to: the first ``decayed`` of the vector."""
+        return self.numel if self.n_decay is None else self.n_decay
 
     def flatten(self, module: nn.Module) -> np.ndarray:
         """The module's current parameters as one fresh fp32 vector."""
@@ -104,6 +121,7 @@ class SharedParam:
     shape: tuple[int, ...]
     users: tuple[tuple[int, str], ...]  # (layer index, the parameter's name in that layer's module)
     source: Callable[[], np.ndarray] | None = None  # as Layer.source
+    decay: bool | None = None  # weight-decayed (parameter groups); None: no groups, decayed
 
     @property
     def numel(self) -> int:
@@ -111,7 +129,8 @@ class SharedParam:
 
     def layout(self, name: str) -> FlatLayout:
         """The one-slot layout that binds this entry's vector under ``name``."""
-        return FlatLayout((ParamSlot(name, self.shape, 0, self.numel),), self.numel)
+        n_decay = None if self.decay is None else (self.numel if self.decay else 0)
+        return FlatLayout((ParamSlot(name, self.shape, 0, self.numel),), self.numel, n_decay)
 
 
 @dataclass
@@ -121,6 +140,9 @@ class LayerStack:
     layers: list[Layer]
     config: dict[str, Any]
     vocab_size: int
+    # weight decay by parameter groups, as Hugging Face's Trainer makes them (decay_groups.py);
+    # False: every parameter decayed, layouts in module order (as before the groups)
+    decay_groups: bool = False
 
     def __post_init__(self) -> None:
         kinds = [layer.kind for layer in self.layers]
@@ -139,8 +161,13 @@ class LayerStack:
             for i, name, _ in found:
                 self.layers[i].shared[name] = t
         for layer in self.layers:
-            if layer.shared:
-                layer.layout = FlatLayout.of(layer.module, exclude=frozenset(layer.shared))
+            no_decay = no_decay_names(layer.module) if self.decay_groups else None
+            if layer.shared or no_decay is not None:
+                layer.layout = FlatLayout.of(layer.module, exclude=frozenset(layer.shared), no_decay=no_decay)
+        if self.decay_groups:
+            for shared in self.shared:  # its first user's module decides, as Trainer decides for the model
+                i, name = shared.users[0]
+                shared.decay = name not in no_decay_names(self.layers[i].module)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -174,7 +201,13 @@ class LayerStack:
         sig: dict[str, Any] = {"config": self.config, "layers": [[l.name, l.layout.numel] for l in self.layers]}
         if self.shared:
             sig["shared"] = [[[i for i, _ in s.users], s.numel] for s in self.shared]
+        if self.decay_groups:  # the layouts' order and boundaries (absent: every element decayed)
+            sig["n_decay"] = [self.entry_n_decay(e) for e in range(self.num_entries)]
         return sig
+
+    def entry_n_decay(self, e: int) -> int:
+        """Entry ``e``'s decay boundary: weight decay applies to its first ``entry_n_decay`` elements."""
+        return self.entry_layout(e)[1].decayed
 
     def entry_layout(self, e: int) -> tuple[int, FlatLayout]:
         """Where entry ``e``'s vector lives in the model: a layer that holds it, and the layout

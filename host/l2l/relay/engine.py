@@ -111,7 +111,8 @@ class RelayEngine:
         for i, layer in enumerate(self.layers):  # the model's weights leave it a layer at a time
             for e, _, _ in self.parts[i]:
                 if e not in eps.layers:
-                    eps.add_layer(e, stack.initial_weights(e), users=stack.entry_users(e))
+                    eps.add_layer(e, stack.initial_weights(e), users=stack.entry_users(e),
+                                  n_decay=stack.entry_n_decay(e))
             self.bindings.append(WeightBinding(layer.module, device))
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
