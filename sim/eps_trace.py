@@ -4,8 +4,9 @@ Recording wraps the NumPy backend from the outside (:class:`RecordingBackend`,
 an :class:`~l2l.eps.backend.EpsBackend` that delegates to
 :class:`~l2l.eps.NumpyBackend`): at every ``step`` it copies the layer's
 state before the update (``read_state``), the K gradient contributions as the
-server handed them over, the step scalars, the finite flag, the state after
-the update and the device copy. Nothing under host/ is changed: the wrapper is
+server handed them over, the step scalars, the decay boundary ``n_decay`` (the
+parameter groups: elements below it are weight-decayed), the finite flag, the
+state after the update and the device copy. Nothing under host/ is changed: the wrapper is
 passed to :class:`~l2l.eps.EagerParamServer` like any backend, and the run is
 the library's own relay (:class:`~l2l.relay.engine.RelayEngine`, or
 :class:`~l2l.relay.parallel.DataParallelRelay` for K > 1 contributions) on a
@@ -22,7 +23,10 @@ returns False without touching the layer (docs/eps-numerics.md, "finite"),
 the server keeps the layer's step count, so the layer's next update runs
 with the same ``t`` again, and the other layers go on. A bf16 run has no
 loss scaling (fp32's exponent range), so without a poison its trace would
-hold no skipped update at all.
+hold no skipped update at all. In the same way ``decay_split`` gives chosen
+layers a decay boundary where the server passed none (all decayed), as a
+server with parameter groups asks for: what the NumPy EPS does with it is
+recorded, and the replay writes it to the kernel's n_decay register.
 
 :func:`record` runs and saves a trace (``.npz``: bit patterns, so bfloat16
 and binary16 survive any NumPy); :func:`load` reads one back as
@@ -57,6 +61,7 @@ class Update:
     layer: int
     grads: np.ndarray          # (K, n), the gradient dtype
     scalars: StepScalars
+    n_decay: int               # elements [0, n_decay) weight-decayed (n: all)
     p: np.ndarray              # state before (float32)
     m: np.ndarray
     v: np.ndarray
@@ -91,14 +96,18 @@ class RecordingBackend(EpsBackend):
 
     With ``poison``, the gradient block of that one update is copied, the chosen
     element set, and the copy handed to ``inner`` and recorded: the server's
-    inbox is not written (it is the server's, and reused).
+    inbox is not written (it is the server's, and reused). ``decay_split``
+    (``{layer: n_decay}``) is the boundary used for a layer whose ``step`` came
+    without one; a boundary the caller passed is forwarded as it is.
     """
 
     name = "recording"
 
-    def __init__(self, inner: EpsBackend, poison: Poison | None = None) -> None:
+    def __init__(self, inner: EpsBackend, poison: Poison | None = None,
+                 decay_split: dict[int, int] | None = None) -> None:
         self.inner = inner
         self.poison = poison
+        self.decay_split = dict(decay_split or {})
         self.updates: list[Update] = []
         self._count: dict[int, int] = {}    # layer -> step calls so far
 
@@ -106,8 +115,10 @@ class RecordingBackend(EpsBackend):
         self.inner.allocate(layer, p)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
-             copy_out: np.ndarray) -> bool:
+             copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         p, m, v = self.inner.read_state(layer)
+        if n_decay is None:
+            n_decay = self.decay_split.get(layer)
         g = np.array(np.stack([np.asarray(x) for x in grads]) if not isinstance(grads, np.ndarray)
                      else grads, copy=True)
         at = self._count.get(layer, 0)
@@ -116,10 +127,10 @@ class RecordingBackend(EpsBackend):
         if q is not None and (q.step, q.layer) == (at, layer):
             g[q.contributor, q.index] = q.value    # to the gradient dtype: inf and NaN survive
             grads = g
-        finite = self.inner.step(layer, grads, scalars, copy_out)
+        finite = self.inner.step(layer, grads, scalars, copy_out, n_decay=n_decay)
         p2, m2, v2 = self.inner.read_state(layer)
-        self.updates.append(Update(layer, g, scalars, p, m, v, bool(finite), p2, m2, v2,
-                                   np.array(copy_out, copy=True)))
+        self.updates.append(Update(layer, g, scalars, p.shape[0] if n_decay is None else int(n_decay),
+                                   p, m, v, bool(finite), p2, m2, v2, np.array(copy_out, copy=True)))
         return finite
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
@@ -137,14 +148,16 @@ class RecordingBackend(EpsBackend):
 
 def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, steps: int = 2,
            d_model: int = 4, heads: int = 1, layers: int = 1, seq_len: int = 8, batch_size: int = 4,
-           micro_batches: int = 2, lr: float = 2e-3, seed: int = 0, poison: Poison | None = None) -> Trace:
+           micro_batches: int = 2, lr: float = 2e-3, seed: int = 0, poison: Poison | None = None,
+           decay_split: dict[int, int] | None = None) -> Trace:
     """Train a tiny GPT for ``steps`` steps with the recording NumPy EPS; save and return the trace.
 
     ``precision`` (fp32, bf16, fp16) is the relay's compute precision and so the
     gradient and device-copy dtype; ``contributors`` > 1 runs a data-parallel
     relay of that many CPU workers, whose gradients are the EPS's K contributions.
-    ``poison`` makes one update non-finite (see :class:`Poison`); it is kept in the
-    trace's ``meta``.
+    ``poison`` makes one update non-finite (see :class:`Poison`); ``decay_split``
+    (``{layer: n_decay}``) gives those layers a decay boundary (see
+    :class:`RecordingBackend`); both are kept in the trace's ``meta``.
     """
     import torch
 
@@ -154,7 +167,7 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     from l2l.relay.engine import RelayEngine
 
     cfg = ModelConfig(family="gpt", layers=layers, d_model=d_model, heads=heads, seq_len=seq_len, dropout=0.0)
-    rec = RecordingBackend(NumpyBackend(), poison)
+    rec = RecordingBackend(NumpyBackend(), poison, decay_split)
     eps = EagerParamServer(rec, AdamWHyper(lr=lr), copy_dtype=precision, grad_dtype=precision,
                            contributors=contributors)
     cpu = torch.device("cpu")
@@ -176,7 +189,8 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     finally:
         eps.close()
     meta = {"precision": precision, "contributors": contributors, "steps": steps, "model": cfg.to_dict(),
-            "lr": lr, "losses": losses, "poison": None if poison is None else vars(poison)}
+            "lr": lr, "losses": losses, "poison": None if poison is None else vars(poison),
+            "decay_split": {str(k): v for k, v in (decay_split or {}).items()}}
     trace = Trace(precision, precision, list(rec.updates), meta)
     save(trace, path)
     return trace
@@ -186,7 +200,7 @@ def save(trace: Trace, path: str | Path) -> None:
     arrays = {}
     index = []
     for i, u in enumerate(trace.updates):
-        index.append({"layer": u.layer, "finite": u.finite})
+        index.append({"layer": u.layer, "finite": u.finite, "n_decay": u.n_decay})
         arrays[f"{i}.grads"] = _bits(u.grads)
         arrays[f"{i}.scalars"] = np.asarray(u.scalars.as_tuple(), np.float32).view(np.uint32)
         for name in ("p", "m", "v", "p_out", "m_out", "v_out", "copy_out"):
@@ -206,6 +220,8 @@ def load(path: str | Path) -> Trace:
             s = StepScalars(*(np.float32(x) for x in z[f"{i}.scalars"].view(np.float32)))
             updates.append(Update(
                 layer=ent["layer"], grads=z[f"{i}.grads"].view(gdt), scalars=s,
+                # a trace from before the parameter groups decayed every element
+                n_decay=int(ent.get("n_decay", z[f"{i}.p"].shape[0])),
                 p=f32(z[f"{i}.p"]), m=f32(z[f"{i}.m"]), v=f32(z[f"{i}.v"]), finite=ent["finite"],
                 p_out=f32(z[f"{i}.p_out"]), m_out=f32(z[f"{i}.m_out"]), v_out=f32(z[f"{i}.v_out"]),
                 copy_out=z[f"{i}.copy_out"].view(cdt)))

@@ -11,7 +11,10 @@ tests must cover": random vectors over every binade with zeros of both signs
 and subnormals (``wide``), the special-value grid (``specials-<scalars>``),
 exact ties in the reduction, the products, the sums and the device copy,
 non-finite gradients (``nonfinite-<how>``) and realistic training values
-(``train``). The value generators shared with the NumPy-side suite
+(``train``). A case's ``n_decay`` is its decay boundary (the parameter groups:
+elements below it are weight-decayed; None means all, a value above n acts as
+n, as the RTL's register does); :func:`decay_boundaries` lists the boundaries
+worth testing for a beat / burst / block shape. The value generators shared with the NumPy-side suite
 (tests/eps_oracle.py) are imported from it, so both suites draw from
 the same distributions; the tie constructions here are this module's own.
 """
@@ -67,6 +70,17 @@ class Case:
     gdtype: str
     s: StepScalars
     meta: dict = field(default_factory=dict)
+    n_decay: int | None = None      # None: every element decayed; above n: as n (the RTL clamps)
+
+    @property
+    def decayed(self) -> int:
+        """How many elements are weight-decayed: n_decay within [0, n] (the golden model's range)."""
+        return self.n if self.n_decay is None else min(int(self.n_decay), self.n)
+
+    @property
+    def n_decay_arg(self) -> int:
+        """The value for the kernel's n_decay register (uint32): n when the case has none."""
+        return self.n if self.n_decay is None else int(self.n_decay)
 
     @property
     def n(self) -> int:
@@ -99,7 +113,7 @@ class Case:
             g = self.reduced()[0]
         p, m, v = self.p.copy(), self.m.copy(), self.v.copy()
         c = np.empty(self.n, COPY_DTYPES[cdtype])
-        numerics.adamw_update(p, m, v, g.copy(), self.s, c)
+        numerics.adamw_update(p, m, v, g.copy(), self.s, c, n_decay=self.decayed)
         return p, m, v, c
 
 
@@ -263,6 +277,18 @@ BUILDERS: dict[str, Callable] = {
 REDUCE_KINDS = ["wide", "specials-default-t1", "ties-reduction", "train"] + [f"nonfinite-{h}" for h in NONFINITE]
 ADAMW_KINDS = ["wide", *(f"specials-{k}" for k in SPECIAL_SCALARS), "ties-products", "ties-sums", "ties-copy",
                "train", "nonfinite-nan", "nonfinite-+inf"]
+
+
+def decay_boundaries(n: int, lanes: int, burst: int | None = None, block: int | None = None) -> list[int]:
+    """The n_decay values that matter for a layer of n elements streamed in beats of ``lanes``
+    (bursts of ``burst`` beats, reducer blocks of ``block`` beats): 0, n, inside the first and
+    the last beat, on a beat edge, on a burst and a block edge, and above n (n + 1 and the
+    largest uint32: the kernel must treat them as n). Sorted, no repeats."""
+    cand = {0, n, n + 1, 0xFFFF_FFFF, min(1, n), lanes // 2 + 1, n - 1, lanes, n - n % lanes}
+    for beats in (burst, block):
+        if beats:
+            cand |= {beats * lanes, beats * lanes + 1, beats * lanes - 1}
+    return sorted(x for x in cand if 0 <= x <= n or x in (n + 1, 0xFFFF_FFFF))
 
 
 def make_case(kind: str, rng, n: int, K: int, gdtype: str) -> Case:

@@ -7,7 +7,7 @@ every AXI-Lite channel. Checked:
 - every argument register (offsets read from the ADDR_* localparams of the
   source, in the ARGS.md order) holds what was written, byte strobes honoured,
   and drives its arg_* port (64-bit buffers: low word, high word);
-- the status register (0x6C) reads the kernel's dma_error bit and ignores
+- the status register (0x70) reads the kernel's dma_error bit and ignores
   writes;
 - unmapped offsets read 0 and writing them changes nothing;
 - ap_start: set by the host, visible on the port, cleared by the core's
@@ -31,7 +31,7 @@ from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
 from tb_eps_kernel import ARG_NAMES, BUFFERS, register_map
 
-REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x6C
+REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x70
 
 
 def random_pause(rng: random.Random, p: float):
@@ -98,7 +98,7 @@ async def test_arguments(dut):
     want["p"] = (want["p"] & ~(0xFFFF << 32)) | (0x1234 << 32)
     for name in ARG_NAMES:
         assert tb.port(name) == want[name], name
-    # status (0x6C, after the arguments): read-only, the kernel's dma_error bit
+    # status (0x70, after the arguments): read-only, the kernel's dma_error bit
     status = max(tb.regs.values()) + 4
     assert status == REG_STATUS
     await tb.axil.write_dword(status, 0xFFFF_FFFF)

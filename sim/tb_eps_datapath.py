@@ -12,6 +12,10 @@ configuration as JSON in $L2L_TB_CONFIG:
     kinds, Ks, ns, segs (reduce: beats per block; adamw: beats per tlast),
     seed, idle, backpressure (probabilities of a bubble / a not-ready cycle),
     steps (adamw_multistep), throughput_beats.
+
+The AdamW datapath's per-lane decay bit (s_axis_decay) is driven from each
+case's decay boundary (eps_vectors.Case.n_decay: lane i of beat b is decayed
+iff b*LANES + i < n_decay), and the golden model gets the same boundary.
 """
 from __future__ import annotations
 
@@ -199,6 +203,11 @@ def padded(words_arr: np.ndarray, lanes: int, junk: list) -> np.ndarray:
 def keep_of(n: int, lanes: int, beat: int) -> int:
     valid = min(lanes, n - beat * lanes)
     return (1 << valid) - 1
+
+
+def decay_of(n_decay: int, lanes: int, beat: int) -> int:
+    """The decay bits of a beat: lane i set iff its element index beat*lanes + i < n_decay."""
+    return (1 << max(0, min(lanes, n_decay - beat * lanes))) - 1
 
 
 def is_nan(w: np.ndarray, bits: int) -> np.ndarray:
@@ -498,7 +507,8 @@ class AdamwTB:
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns", impl="gpi").start(start_high=False))
         self.source = BeatSource(dut.clk, dut.s_axis_tvalid, dut.s_axis_tready,
                                  {"g": dut.s_axis_g, "p": dut.s_axis_p, "m": dut.s_axis_m, "v": dut.s_axis_v,
-                                  "tkeep": dut.s_axis_tkeep, "tlast": dut.s_axis_tlast})
+                                  "tkeep": dut.s_axis_tkeep, "decay": dut.s_axis_decay,
+                                  "tlast": dut.s_axis_tlast})
         self.sink = BeatSink(dut.clk, dut.m_axis_tvalid, dut.m_axis_tready,
                              {"p": dut.m_axis_p, "m": dut.m_axis_m, "v": dut.m_axis_v, "c": dut.m_axis_c,
                               "tkeep": dut.m_axis_tkeep, "tlast": dut.m_axis_tlast})
@@ -522,18 +532,21 @@ class AdamwTB:
         self.dut.rst.value = 0
         await self.cycles(2)
 
-    async def update(self, p, m, v, g, s: StepScalars, last_every: int, what: str):
-        """Stream one update through; returns (p', m', v', copy words) for the n elements
-        after checking tkeep and tlast of every output beat."""
+    async def update(self, p, m, v, g, s: StepScalars, last_every: int, what: str, n_decay: int | None = None):
+        """Stream one update through (elements below ``n_decay`` decayed; None: all); returns
+        (p', m', v', copy words) for the n elements after checking tkeep and tlast of every
+        output beat."""
         L = self.lanes
         n = p.size
+        n_decay = n if n_decay is None else n_decay
         for name in SCALAR_PORTS:
             getattr(self.dut, name).value = f32_word(getattr(s, name))
         rows = {k: padded(ev.words(a), L, JUNK32) for k, a in (("g", g), ("p", p), ("m", m), ("v", v))}
         nb = rows["p"].shape[0]
         lasts = [int(b % last_every == last_every - 1 or b == nb - 1) for b in range(nb)]
         self.source.send([{"g": pack(rows["g"][b]), "p": pack(rows["p"][b]), "m": pack(rows["m"][b]),
-                           "v": pack(rows["v"][b]), "tkeep": keep_of(n, L, b), "tlast": lasts[b]}
+                           "v": pack(rows["v"][b]), "tkeep": keep_of(n, L, b), "tlast": lasts[b],
+                           "decay": decay_of(n_decay, L, b)}
                           for b in range(nb)])
         limit = 60 * nb + 600
         await self.sink.wait_for(nb, limit, what)
@@ -550,7 +563,8 @@ class AdamwTB:
         if g is None:
             g = case.reduced()[0]
         what = f"{case.name} n={case.n} {self.cdtype}"
-        p2, m2, v2, c = await self.update(case.p, case.m, case.v, g, case.s, last_every, what)
+        what += f" n_decay={case.n_decay}"
+        p2, m2, v2, c = await self.update(case.p, case.m, case.v, g, case.s, last_every, what, case.n_decay)
         rp, rm, rv, rc = case.updated(self.cdtype, g)
         inputs = {"p": ev.words(case.p), "m": ev.words(case.m), "v": ev.words(case.v), "g": ev.words(g)}
         assert_words(p2, ev.words(rp), "fp32", f"{what}: p'", inputs)
@@ -578,8 +592,11 @@ async def adamw_vectors(dut):
         n, K, gd, seg = ns[i % len(ns)], Ks[i % len(Ks)], gds[i % len(gds)], segs[i % len(segs)]
         rng = np.random.default_rng(zlib.crc32(f"{seed}-{kind}-{n}-{K}-{gd}".encode()))
         case = ev.make_case(kind, rng, n, K, gd)
+        bounds = ev.decay_boundaries(n, tb.lanes)
+        case.n_decay = bounds[i % len(bounds)]     # the classes meet the boundaries in turn
         await tb.check(case, seg)
-        tb.log.info("adamw %s n=%d K=%d %s -> %s: ok", kind, case.n, case.K, case.gdtype, tb.cdtype)
+        tb.log.info("adamw %s n=%d K=%d %s -> %s n_decay=%d: ok", kind, case.n, case.K, case.gdtype, tb.cdtype,
+                    case.n_decay)
 
 
 @cocotb.test()
@@ -611,12 +628,50 @@ async def adamw_multistep(dut):
             bits = [b >> np.uint64(16) for b in bits]
         grad_bits = [np.concatenate([b, ev.wide_grad_bits(rng, n - half, gdtype)]) for b in bits]
         s = StepScalars.compute(hyper, t, divisor=float(K))
-        case = ev.Case(f"step {t}", p, m, v, grad_bits, gdtype, s)
+        # the decay boundary inside a beat (the parameter groups), the same at every step
+        case = ev.Case(f"step {t}", p, m, v, grad_bits, gdtype, s, n_decay=n // 2 + 1)
         g, finite = case.reduced()
         assert finite
         p, m, v = await tb.check(case, 5, g)
         p, m, v = (a.view(np.float32) for a in (p, m, v))
     assert not np.array_equal(p[:half], p0[:half]), "the realistic half did not move"
+
+
+@cocotb.test()
+async def adamw_decay_boundaries(dut):
+    """The parameter groups' boundary at every place that matters (eps_vectors.decay_boundaries:
+    0, n, inside a beat, on a beat edge, above n) on one layer, the updates streamed back to back
+    (one pipeline fill for all of them), with bubbles and backpressure: the elements below the
+    boundary decayed, the others not, bit-exact."""
+    tb = AdamwTB(dut)
+    seed = int(cfg("seed", 1)) + 21
+    tb.set_idle_generator(random_pause(seed, float(cfg("idle", 0.3))))
+    tb.set_backpressure_generator(random_pause(seed + 1, float(cfg("backpressure", 0.3))))
+    await tb.reset()
+    L = tb.lanes
+    n = 2 * L + L // 2 + 1                             # a partial last beat
+    rng = np.random.default_rng(seed)
+    case = ev.make_case("wide", rng, n, 1, "fp32")
+    s = ev.custom_scalars(decay=0.75)                  # p * decay != p for most p: a wrong bit shows
+    for name in SCALAR_PORTS:
+        getattr(dut, name).value = f32_word(getattr(s, name))
+    g = case.reduced()[0]
+    rows = {k: padded(ev.words(a), L, JUNK32) for k, a in (("g", g), ("p", case.p), ("m", case.m), ("v", case.v))}
+    nb = rows["p"].shape[0]
+    bounds = ev.decay_boundaries(n, L, burst=2, block=3)
+    tb.source.send([{"g": pack(rows["g"][b]), "p": pack(rows["p"][b]), "m": pack(rows["m"][b]),
+                     "v": pack(rows["v"][b]), "tkeep": keep_of(n, L, b), "tlast": int(b == nb - 1),
+                     "decay": decay_of(nd, L, b)} for nd in bounds for b in range(nb)])
+    await tb.sink.wait_for(nb * len(bounds), 60 * nb * len(bounds) + 600, "decay boundaries")
+    got = tb.sink.take()
+    inputs = {"p": ev.words(case.p), "m": ev.words(case.m), "v": ev.words(case.v), "g": ev.words(g)}
+    for j, nd in enumerate(bounds):
+        beats = got[j * nb:(j + 1) * nb]
+        want = ev.Case(case.name, case.p, case.m, case.v, case.grad_bits, "fp32", s, n_decay=nd).updated(tb.cdtype, g)
+        for k, w, fmt, bits in (("p", want[0], "fp32", 32), ("m", want[1], "fp32", 32), ("v", want[2], "fp32", 32),
+                                ("c", want[3], tb.cdtype, tb.cw)):
+            out = np.concatenate([unpack(b[k], L, bits) for b in beats])[:n]
+            assert_words(out, ev.words(w), fmt, f"n={n} n_decay={nd}: {k}", inputs)
 
 
 @cocotb.test()
@@ -632,7 +687,8 @@ async def adamw_reset(dut):
     rows = {k: padded(ev.words(a), L, JUNK32) for k, a in (("g", g), ("p", case.p), ("m", case.m), ("v", case.v))}
     tb.set_backpressure_generator(random_pause(3, 0.7))
     tb.source.send([{"g": pack(rows["g"][b]), "p": pack(rows["p"][b]), "m": pack(rows["m"][b]),
-                     "v": pack(rows["v"][b]), "tkeep": (1 << L) - 1, "tlast": 0} for b in range(40)])
+                     "v": pack(rows["v"][b]), "tkeep": (1 << L) - 1, "tlast": 0, "decay": b % (1 << L)}
+                    for b in range(40)])
     await tb.cycles(60)
     tb.source.abort()
     await tb.reset()

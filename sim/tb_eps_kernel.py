@@ -19,10 +19,11 @@ unchanged after every run (the tail of a partial last beat included).
 cocotb tests (selected by tests/test_rtl_kernel.py and tests/test_rtl_trace.py):
 
 - ``test_cases``: the cases of ``$L2L_KERNEL_CASES`` (JSON list of
-  {kind, n, K, steps, gr_off, then}), each a layer of n elements updated
+  {kind, n, K, steps, gr_off, then, n_decay}), each a layer of n elements updated
   ``steps`` times on the same state in device memory (steps after the first
-  draw their gradients from class ``then``, default ``kind``), with random pauses on every AXI
-  channel of every RAM (``$L2L_KERNEL_PAUSE``, default 0.2).
+  draw their gradients from class ``then``, default ``kind``), elements below
+  ``n_decay`` weight-decayed (default n; a value above n acts as n), with random pauses on
+  every AXI channel of every RAM (``$L2L_KERNEL_PAUSE``, default 0.2).
 - ``test_edge_args``: n = 0 (flag 1, nothing else written), k = 0 (flag 0),
   and ap_ctrl_hs behaviour at the top level (ap_idle, ap_start self-clearing,
   ap_done and ap_ready clear-on-read, ISR toggle, interrupt line).
@@ -66,10 +67,10 @@ from l2l.eps.numerics import COPY_DTYPES
 RTL = Path(__file__).resolve().parents[1] / "fpga" / "rtl"
 PORTS = ("gr", "p", "m", "v", "copy")
 DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16}
-ARG_NAMES = ["gr", "p", "m", "v", "copy", "finite", "n", "k", *StepScalars.names()]
+ARG_NAMES = ["gr", "p", "m", "v", "copy", "finite", "n", "k", "n_decay", *StepScalars.names()]
 BUFFERS = ARG_NAMES[:6]
 
-REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x6C
+REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x70
 AP_START, AP_DONE, AP_IDLE, AP_READY = 1, 2, 4, 8
 SENTINEL = 0xA5A5_5A5A
 GUARD = 256                  # bytes checked around every buffer
@@ -241,9 +242,9 @@ class TB:
             delattr(iface, name)   # the class's own method again
 
     # ---------------------------------------------------------------- control
-    async def write_args(self, lay: Layout, n: int, k: int, s: StepScalars) -> None:
+    async def write_args(self, lay: Layout, n: int, k: int, s: StepScalars, n_decay: int | None = None) -> None:
         vals = {name: getattr(lay, name) for name in BUFFERS}
-        vals.update(n=n, k=k, **{name: f32_bits(x) for name, x in zip(StepScalars.names(), s.as_tuple())})
+        vals.update(n=n, k=k, n_decay=n if n_decay is None else n_decay, **{name: f32_bits(x) for name, x in zip(StepScalars.names(), s.as_tuple())})
         # the arguments fill one contiguous range of registers (8 bytes a buffer, 4 a scalar):
         # one write of the range issues every word in order, back to back, where a write_dword
         # each would wait for every response (~4 clocks a word of a kernel Icarus runs slowly)
@@ -290,18 +291,19 @@ class TB:
         assert not ctrl & AP_DONE and not ctrl & AP_READY, hex(ctrl)   # cleared by the read before
         return done_at - t0
 
-    async def update(self, lay: Layout, grad_words: np.ndarray, n: int, k: int, s: StepScalars) -> int:
+    async def update(self, lay: Layout, grad_words: np.ndarray, n: int, k: int, s: StepScalars,
+                     n_decay: int | None = None) -> int:
         self.write_grads(lay, grad_words)
         self.ram["p"].write_dword(lay.finite, SENTINEL)
-        await self.write_args(lay, n, k, s)
+        await self.write_args(lay, n, k, s, n_decay)
         return await self.start_and_wait()
 
     async def checked_update(self, lay: Layout, n: int, k: int, grad_words, s: StepScalars,
-                             want_flag: bool, want, what: str) -> int:
+                             want_flag: bool, want, what: str, n_decay: int | None = None) -> int:
         """One run; the flag, p, m, v, copy (``want``: the expected 4-tuple) and every guard checked."""
         before = self.guards(lay, n, k)
         prior = self.read_state(lay, n)
-        cycles = await self.update(lay, grad_words, n, k, s)
+        cycles = await self.update(lay, grad_words, n, k, s, n_decay)
         assert self.read_flag(lay) == int(want_flag), f"{what}: flag {self.read_flag(lay):#x}"
         got = self.read_state(lay, n)
         if not want_flag:
@@ -338,10 +340,12 @@ async def test_cases(dut):
             # state in memory
             case = first if step == 0 else ev.make_case(spec.get("then", kind), tb.nprng, n, K, tb.gdtype)
             case.p, case.m, case.v = p, m, v
+            case.n_decay = spec.get("n_decay")    # the parameter groups' boundary, every step
             g, finite = case.reduced()
             want = case.updated(tb.cdtype, g) if finite else None
-            what = f"{case.name} n={n} K={K} step {step + 1}"
-            cycles = await tb.checked_update(lay, n, K, grads_of(case), case.s, finite, want, what)
+            what = f"{case.name} n={n} K={K} n_decay={case.n_decay} step {step + 1}"
+            cycles = await tb.checked_update(lay, n, K, grads_of(case), case.s, finite, want, what,
+                                             case.n_decay_arg)
             if finite:
                 p, m, v = want[0], want[1], want[2]
             tb.log.info("%s: finite=%s, %d cycles", what, finite, cycles)
@@ -412,7 +416,7 @@ async def test_edge_args(dut):
     for name in ARG_NAMES:
         got = await tb.axil.read_dword(tb.regs[name])
         want = (getattr(lay, name) & 0xFFFF_FFFF) if name in BUFFERS else \
-            {"n": n, "k": 256}.get(name, f32_bits(getattr(s, name, 0)))
+            {"n": n, "k": 256, "n_decay": n}.get(name, f32_bits(getattr(s, name, 0)))
         assert got == want, (name, hex(got), hex(want))
     # ap_start is taken at once (ap_ready), ap_ready is cleared by reading control
     await tb.axil.write_dword(REG_IER, 3)
@@ -588,7 +592,8 @@ async def test_trace_replay(dut):
             for name, a, e in zip("pmv", (u.p_out, u.m_out, u.v_out), (u.p, u.m, u.v)):
                 assert_same(f"{what}: recorded skip changed {name}", a, e)
         want = (u.p_out, u.m_out, u.v_out, u.copy_out)
-        await tb.checked_update(lay, n, K, eps_trace.grad_words(u.grads), u.scalars, u.finite, want, what)
+        await tb.checked_update(lay, n, K, eps_trace.grad_words(u.grads), u.scalars, u.finite, want, what,
+                                u.n_decay)
         got = tb.read_state(lay, n)
         for name, a, e in zip("pmv", got[:3], want[:3]):
             assert_same(f"{what} output {name}", a, e)
@@ -596,7 +601,7 @@ async def test_trace_replay(dut):
             assert_same(f"{what} copy", got[3], u.copy_out)
         if u.finite:
             copy_written.add(u.layer)
-        replayed.append({"layer": u.layer, "n": n, "K": K, "finite": u.finite,
+        replayed.append({"layer": u.layer, "n": n, "K": K, "n_decay": u.n_decay, "finite": u.finite,
                          "copy_checked": bool(u.finite or u.layer in copy_written)})
     skipped = sum(not r["finite"] for r in replayed)
     tb.log.info("replayed %d updates of %d layers (%d not finite) bit for bit",

@@ -20,6 +20,9 @@ and runs the cocotb tests of that top level:
   each special scalar set, exact ties in products / sums / the copy, training
   values, non-finite g), p', m', v' and the copy exact.
 * adamw_multistep: the RTL's own state fed back for several steps.
+* adamw_decay_boundaries: the parameter groups' decay boundary (n_decay) at 0,
+  n, inside a beat, on beat edges and above n; adamw_vectors and
+  adamw_multistep also run with boundaries (the per-lane decay bit).
 
 The default suite runs a covering subset (every dtype once for each module,
 LANES 1 and 4, one LANES = 16 reducer); `-m slow` runs the full cross product
@@ -78,7 +81,7 @@ def _missing() -> str | None:
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 REDUCE_TESTS = ["reduce_vectors", "reduce_short_segments", "reduce_flag", "reduce_reset", "reduce_throughput"]
-ADAMW_TESTS = ["adamw_vectors", "adamw_multistep", "adamw_reset", "adamw_throughput"]
+ADAMW_TESTS = ["adamw_vectors", "adamw_decay_boundaries", "adamw_multistep", "adamw_reset", "adamw_throughput"]
 DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 

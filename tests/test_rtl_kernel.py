@@ -103,20 +103,22 @@ def test_dma(lanes, ew, burst, depth, rate):
 # ---------------------------------------------------------------- the kernel
 
 
+# n_decay (the parameter groups' boundary; default n): 0, inside a beat, on the burst and block
+# edge (BURST * LANES = BLOCK * LANES = 32), on a beat edge, above n (the largest uint32)
 LANES4_CASES = [
-    {"kind": "wide", "n": 1, "K": 4},
-    {"kind": "train", "n": 3, "K": 2, "gr_off": 1},
-    {"kind": "train", "n": 31, "K": 1, "steps": 3},
-    {"kind": "wide", "n": 33, "K": 2, "gr_off": 3},
-    {"kind": "nonfinite-nan", "n": 9, "K": 2, "steps": 2, "then": "train"},
-    {"kind": "train", "n": 32, "K": 4},
+    {"kind": "wide", "n": 1, "K": 4, "n_decay": 0},
+    {"kind": "train", "n": 3, "K": 2, "gr_off": 1, "n_decay": 2},
+    {"kind": "train", "n": 31, "K": 1, "steps": 3, "n_decay": 13},
+    {"kind": "wide", "n": 33, "K": 2, "gr_off": 3, "n_decay": 32},
+    {"kind": "nonfinite-nan", "n": 9, "K": 2, "steps": 2, "then": "train", "n_decay": 4},
+    {"kind": "train", "n": 32, "K": 4, "n_decay": 0xFFFF_FFFF},
 ]
 
 
 def _lanes4(large: int) -> None:
     run_kernel("test_cases", lanes=4, gdtype="bf16", cdtype="fp16", burst=8, block=8,
                L2L_KERNEL_SEED=11, L2L_KERNEL_CASES=cases(
-                   *LANES4_CASES, {"kind": "train", "n": large, "K": 2, "gr_off": 2}))
+                   *LANES4_CASES, {"kind": "train", "n": large, "K": 2, "gr_off": 2, "n_decay": large - 1}))
 
 
 @pytest.mark.heavy
@@ -124,7 +126,9 @@ def test_kernel_bitexact_lanes4():
     """LANES = 4, bf16 gradients, fp16 copy, 8-beat bursts and blocks: n = 1, 3 (LANES - 1),
     31 / 32 / 33 (BURST*LANES - 1, =, + 1), 301 (76 beats: ten blocks, wraps the 32-beat read
     buffer twice, ends mid-beat and mid-burst), K = 1, 2, 4, gradients mid-beat, 3 steps on
-    one state, a NaN gradient (layer untouched) and then a finite step on the same layer.
+    one state, a NaN gradient (layer untouched) and then a finite step on the same layer;
+    decay boundaries at 0, inside a beat, on the burst / block edge, on a beat edge, above n
+    and (the large layer) just before its partial last beat.
     Icarus runs this kernel at ~150 clocks/s, so the large layer is kept to 301 elements."""
     _lanes4(301)
 
@@ -138,14 +142,15 @@ def test_kernel_bitexact_lanes4_2001():
 @pytest.mark.heavy
 def test_kernel_bitexact_lanes1():
     """LANES = 1, fp32 gradients, bf16 copy, 4-beat bursts, 8-beat blocks: segments that end
-    mid-burst, K = 4 with short segments (the reducer's hazard stall), an inf - inf gradient."""
+    mid-burst, K = 4 with short segments (the reducer's hazard stall), an inf - inf gradient;
+    decay boundaries on a burst edge, a block edge and at n + 1."""
     run_kernel("test_cases", lanes=1, gdtype="fp32", cdtype="bf16", burst=4, block=8,
                L2L_KERNEL_SEED=12, L2L_KERNEL_CASES=cases(
                    {"kind": "ties-reduction", "n": 5, "K": 4},
-                   {"kind": "specials-default-t1", "n": 9, "K": 1, "steps": 2},
-                   {"kind": "train", "n": 17, "K": 2},
-                   {"kind": "wide", "n": 16, "K": 2},
-                   {"kind": "nonfinite-inf-inf", "n": 3, "K": 2}))
+                   {"kind": "specials-default-t1", "n": 9, "K": 1, "steps": 2, "n_decay": 4},   # burst edge
+                   {"kind": "train", "n": 17, "K": 2, "n_decay": 8},                         # block edge
+                   {"kind": "wide", "n": 16, "K": 2, "n_decay": 17},                         # n + 1
+                   {"kind": "nonfinite-inf-inf", "n": 3, "K": 2, "n_decay": 1}))
 
 
 @pytest.mark.heavy
@@ -155,11 +160,11 @@ def test_kernel_fp16_and_edge_args():
     overflowing scaled gradient (flag 0); then SLVERR responses and the status register."""
     run_kernel(["test_edge_args", "test_cases", "test_memory_errors"], lanes=2, gdtype="fp16", cdtype="fp32", burst=4,
                block=4, L2L_KERNEL_SEED=13, L2L_KERNEL_CASES=cases(
-                   {"kind": "train", "n": 2, "K": 1},
-                   {"kind": "wide", "n": 7, "K": 4, "gr_off": 1},
-                   {"kind": "train", "n": 8, "K": 2, "steps": 2},
-                   {"kind": "specials-zero-eps", "n": 9, "K": 1},
-                   {"kind": "nonfinite-scale-overflow", "n": 6, "K": 2}))
+                   {"kind": "train", "n": 2, "K": 1, "n_decay": 1},           # inside the one beat
+                   {"kind": "wide", "n": 7, "K": 4, "gr_off": 1, "n_decay": 7},
+                   {"kind": "train", "n": 8, "K": 2, "steps": 2, "n_decay": 5},
+                   {"kind": "specials-zero-eps", "n": 9, "K": 1, "n_decay": 8},   # burst/block edge
+                   {"kind": "nonfinite-scale-overflow", "n": 6, "K": 2, "n_decay": 0}))
 
 
 def _rate(tmp_path, *, lanes: int, n: int | str, ks: str, gdtype: str = "fp32", cdtype: str = "fp32") -> dict:
@@ -205,7 +210,7 @@ def test_kernel_dtype_sweep(gdtype, cdtype):
                    {"kind": "train", "n": 31, "K": 4, "gr_off": 1},
                    {"kind": "specials-big-t1000", "n": 33, "K": 2},
                    {"kind": "ties-reduction", "n": 65, "K": 2},
-                   {"kind": "train", "n": 3000, "K": 2, "steps": 2},
+                   {"kind": "train", "n": 3000, "K": 2, "steps": 2, "n_decay": 2049},
                    {"kind": "nonfinite-+inf", "n": 100, "K": 1},
                    {"kind": "nonfinite-scale-overflow", "n": 40, "K": 2}))
 
@@ -216,8 +221,8 @@ def test_kernel_lanes16_bursts():
     run_kernel("test_cases", lanes=16, gdtype="fp32", cdtype="bf16", burst=64, block=64,
                rd_fifo=256, wr_fifo=128, L2L_KERNEL_SEED=30, L2L_KERNEL_CASES=cases(
                    {"kind": "train", "n": 15, "K": 2},
-                   {"kind": "wide", "n": 1025, "K": 1, "gr_off": 5},
-                   {"kind": "train", "n": 2049, "K": 2, "steps": 2}))
+                   {"kind": "wide", "n": 1025, "K": 1, "gr_off": 5, "n_decay": 1024},     # a burst edge
+                   {"kind": "train", "n": 2049, "K": 2, "steps": 2, "n_decay": 1000}))
 
 
 @pytest.mark.slow
@@ -275,9 +280,10 @@ def test_args_md_documents_the_register_map():
     section = text[text.index("## RTL kernel"):]
     rows = dict(re.findall(r"^\| (0x[0-9A-Fa-f]+) \| `(\w+)` \|", section, re.M))
     documented = {name: int(off, 16) for off, name in rows.items()}
-    buffers_and_counts = {k: v for k, v in regs.items() if k in ARG_NAMES[:8]}
+    first_scalar = ARG_NAMES.index("decay")       # buffers, n, k, n_decay, then the step scalars
+    buffers_and_counts = {k: v for k, v in regs.items() if k in ARG_NAMES[:first_scalar]}
     assert documented == buffers_and_counts
     scalars = re.search(r"\| (0x[0-9A-Fa-f]+) \.\. (0x[0-9A-Fa-f]+) \| `([\w, ]+)` \|", section)
     names = [s.strip() for s in scalars.group(3).split(",")]
-    assert names == ARG_NAMES[8:]
+    assert names == ARG_NAMES[first_scalar:]
     assert int(scalars.group(1), 16) == regs[names[0]] and int(scalars.group(2), 16) == regs[names[-1]]

@@ -19,7 +19,10 @@ gradient of the transformer block at step 2 carries an inf
 block's next update ran at the same t. The test requires the trace to hold
 that skipped update and the kernel to have replayed it (flag 0, p, m, v and
 the copy unchanged in device memory), so it cannot silently stop covering
-it. Slow: fp32 with one contributor, fp16 with two (loss scaling, no
+it. The block and the head are parameter groups there (``decay_split``):
+the block decays its first 37 elements (inside a beat), the head its first
+512 (a burst and block edge, its partial last beat not decayed); the recorded
+boundary goes to the kernel's n_decay register. Slow: fp32 with one contributor, fp16 with two (loss scaling, no
 poison: skipped updates only if the scale overflows).
 """
 from __future__ import annotations
@@ -50,15 +53,18 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def test_recorded_trace_is_what_the_numpy_eps_did(tmp_path):
     """The recorder's view is consistent: each update's outputs are the golden model applied to
-    its inputs, each layer's next input is its last output, and the file round-trips exactly."""
+    its inputs (with its decay boundary: the block's first 37 elements only), each layer's next
+    input is its last output, and the file round-trips exactly."""
     path = tmp_path / "trace.npz"
-    rec = eps_trace.record(path, precision="bf16", contributors=2, steps=2, d_model=2, seq_len=4)
+    rec = eps_trace.record(path, precision="bf16", contributors=2, steps=2, d_model=2, seq_len=4,
+                           decay_split={1: 37})
     back = eps_trace.load(path)
     assert len(back.updates) == len(rec.updates) == 6 and back.gdtype == "bf16"
     last = {}
     for u, r in zip(back.updates, rec.updates):
         assert u.grads.shape == (2, u.p.shape[0]) and u.grads.dtype == COPY_DTYPES["bf16"]
         assert _same(u.grads, r.grads) and u.scalars == r.scalars and u.finite == r.finite
+        assert u.n_decay == r.n_decay == (37 if u.layer == 1 else u.p.shape[0])
         if u.layer in last:
             for a, b in zip((u.p, u.m, u.v), last[u.layer]):
                 assert _same(a, b)
@@ -66,26 +72,58 @@ def test_recorded_trace_is_what_the_numpy_eps_did(tmp_path):
         assert reduce_gradients(u.grads, u.scalars.inv_scale, g) == u.finite
         p, m, v = u.p.copy(), u.m.copy(), u.v.copy()
         c = np.empty_like(u.copy_out)
-        adamw_update(p, m, v, g, u.scalars, copy_out=c)
+        adamw_update(p, m, v, g, u.scalars, copy_out=c, n_decay=u.n_decay)
         for got, want in zip((p, m, v, c), (u.p_out, u.m_out, u.v_out, u.copy_out)):
             assert _same(got, want)
+        if u.layer == 1 and u.finite:     # the boundary reached the NumPy EPS: decaying all differs
+            p_all = u.p.copy()
+            adamw_update(p_all, u.m.copy(), u.v.copy(), g, u.scalars)
+            assert not _same(p_all, u.p_out)
         last[u.layer] = (u.p_out, u.m_out, u.v_out)
     assert len(last) == 3 and back.meta["steps"] == 2
 
 
+def test_recorder_forwards_a_given_decay_boundary():
+    """A boundary the caller passes (the server, once it has parameter groups) reaches the inner
+    backend and the record as it is, ahead of decay_split; none given and no split: all (n)."""
+    from l2l.eps import NumpyBackend
+    from l2l.eps.contract import StepScalars
+
+    rng = np.random.default_rng(4)
+    n = 10
+    p0 = rng.standard_normal(n).astype(np.float32)
+    s = StepScalars(*(np.float32(x) for x in (0.5, 0.9, 0.1, 0.999, 0.001, 1.0, 1e-8, -1e-3, 1.0)))
+    rec = eps_trace.RecordingBackend(NumpyBackend(), decay_split={0: 2})
+    for nd, want in ((3, 3), (None, 2)):
+        rec.allocate(0, p0.copy())
+        g = rng.standard_normal((1, n)).astype(np.float32)
+        copy = np.empty(n, np.float32)
+        assert rec.step(0, g, s, copy, n_decay=nd)
+        u = rec.updates[-1]
+        assert u.n_decay == want
+        p, m, v = p0.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32)
+        adamw_update(p, m, v, g[0].copy(), s, n_decay=want)
+        assert _same(u.p_out, p)
+    rec.allocate(1, p0.copy())
+    rec.step(1, rng.standard_normal((1, n)).astype(np.float32), s, np.empty(n, np.float32))
+    assert rec.updates[-1].n_decay == n
+    rec.close()
+
+
 def _replay(tmp_path, *, precision: str, contributors: int, steps: int, d_model: int, seq_len: int,
-            lanes: int, burst: int, block: int, poison: eps_trace.Poison | None = None) -> tuple:
+            lanes: int, burst: int, block: int, poison: eps_trace.Poison | None = None,
+            decay_split: dict[int, int] | None = None) -> tuple:
     """Record a run, replay it through the kernel; (the trace, the kernel's replay report)."""
     path, report = tmp_path / "trace.npz", tmp_path / "replay.json"
     trace = eps_trace.record(path, precision=precision, contributors=contributors, steps=steps,
-                             d_model=d_model, seq_len=seq_len, poison=poison)
+                             d_model=d_model, seq_len=seq_len, poison=poison, decay_split=decay_split)
     assert len(trace.updates) == 3 * steps
     run_kernel("test_trace_replay", lanes=lanes, gdtype=precision, cdtype=precision, burst=burst,
                block=block, L2L_TRACE=path, L2L_KERNEL_SEED=5, L2L_KERNEL_PAUSE=0.1,
                L2L_KERNEL_REPORT=report)
     replayed = json.loads(report.read_text())
-    assert [(r["layer"], r["finite"]) for r in replayed["updates"]] == \
-        [(u.layer, u.finite) for u in trace.updates], "the kernel did not replay the whole trace"
+    assert [(r["layer"], r["finite"], r["n_decay"]) for r in replayed["updates"]] == \
+        [(u.layer, u.finite, u.n_decay) for u in trace.updates], "the kernel did not replay the whole trace"
     return trace, replayed
 
 
@@ -101,7 +139,8 @@ def test_trace_replay_bf16_two_workers_with_skip(tmp_path):
     contribution 1 starts mid-beat), one update skipped; every update bit for bit, the skip
     included."""
     trace, replayed = _replay(tmp_path, precision="bf16", contributors=2, steps=3, d_model=2,
-                              seq_len=4, lanes=8, burst=16, block=16, poison=BLOCK_SKIP)
+                              seq_len=4, lanes=8, burst=16, block=16, poison=BLOCK_SKIP,
+                              decay_split={1: 37, 2: 512})
     assert trace.gdtype == trace.cdtype == "bf16" and replayed["gdtype"] == replayed["cdtype"] == "bf16"
     assert {u.grads.shape[0] for u in trace.updates} == {2}
     skipped = [i for i, u in enumerate(trace.updates) if not u.finite]
@@ -116,7 +155,8 @@ def test_trace_replay_bf16_two_workers_with_skip(tmp_path):
     assert trace.updates[block[BLOCK_SKIP.step - 1]].scalars != u.scalars
     # and the kernel replayed it, flag 0, with the copy compared (a finite update came before)
     assert [r for r in replayed["updates"] if not r["finite"]] == \
-        [{"layer": BLOCK_SKIP.layer, "n": 74, "K": 2, "finite": False, "copy_checked": True}]
+        [{"layer": BLOCK_SKIP.layer, "n": 74, "K": 2, "n_decay": 37, "finite": False, "copy_checked": True}]
+    assert {u.layer: u.n_decay for u in trace.updates} == {0: 520, 1: 37, 2: 512}
 
 
 @needs_sim

@@ -18,9 +18,9 @@
 //   0x10 ..       the arguments of eps_update_<g>_<c> in the shared order
 //                 (fpga/ARGS.md): the buffers gr, p, m, v, copy, finite as 64-bit
 //                 byte addresses (8 bytes each: low word, then high word), then
-//                 n, k and the nine step scalars (4 bytes each, binary32 bits
-//                 for the scalars). The ADDR_* localparams below are the map.
-//   0x6C status   bit0 dma_error R  an AXI read or write response of the last run
+//                 n, k, n_decay and the nine step scalars (4 bytes each, binary32
+//                 bits for the scalars). The ADDR_* localparams below are the map.
+//   0x70 status   bit0 dma_error R  an AXI read or write response of the last run
 //                                     was SLVERR or DECERR (the `dma_error` input;
 //                                     the kernel clears it when a run starts)
 //
@@ -36,7 +36,7 @@
 `default_nettype none
 
 module l2l_axil_ctrl #(
-    parameter ADDR_W = 12    // address bits of s_axi_control, 7 .. 32 (the map ends at 0x70; Vitis uses 12)
+    parameter ADDR_W = 12    // address bits of s_axi_control, 7 .. 32 (the map ends at 0x74; Vitis uses 12)
 ) (
     input  wire              clk,
     input  wire              rst,          // synchronous, active high
@@ -67,7 +67,7 @@ module l2l_axil_ctrl #(
     input  wire              ap_ready,     // pulse: the core took the start
     input  wire              ap_done,      // pulse: the run ended
     input  wire              ap_idle,
-    input  wire              dma_error,    // the run's status bit (0x6C)
+    input  wire              dma_error,    // the run's status bit (0x70)
     output wire [63:0]       arg_gr,
     output wire [63:0]       arg_p,
     output wire [63:0]       arg_m,
@@ -76,6 +76,7 @@ module l2l_axil_ctrl #(
     output wire [63:0]       arg_finite,
     output wire [31:0]       arg_n,
     output wire [31:0]       arg_k,
+    output wire [31:0]       arg_n_decay,
     output wire [31:0]       arg_decay,
     output wire [31:0]       arg_b1,
     output wire [31:0]       arg_omb1,
@@ -92,7 +93,7 @@ module l2l_axil_ctrl #(
     localparam [7:0] REG_GIE  = 8'h04;
     localparam [7:0] REG_IER  = 8'h08;
     localparam [7:0] REG_ISR  = 8'h0C;
-    localparam [7:0] REG_STATUS = 8'h6C;  // read-only, after the arguments
+    localparam [7:0] REG_STATUS = 8'h70;  // read-only, after the arguments
     // the arguments, in the shared order of fpga/ARGS.md (eps_update_<g>_<c>)
     localparam [7:0] ADDR_GR           = 8'h10;  // 64-bit: low word here, high word at +4
     localparam [7:0] ADDR_P            = 8'h18;
@@ -102,17 +103,18 @@ module l2l_axil_ctrl #(
     localparam [7:0] ADDR_FINITE       = 8'h38;
     localparam [7:0] ADDR_N            = 8'h40;  // 32-bit from here on
     localparam [7:0] ADDR_K            = 8'h44;
-    localparam [7:0] ADDR_DECAY        = 8'h48;
-    localparam [7:0] ADDR_B1           = 8'h4C;
-    localparam [7:0] ADDR_OMB1         = 8'h50;
-    localparam [7:0] ADDR_B2           = 8'h54;
-    localparam [7:0] ADDR_OMB2         = 8'h58;
-    localparam [7:0] ADDR_INV_BC2_SQRT = 8'h5C;
-    localparam [7:0] ADDR_EPS          = 8'h60;
-    localparam [7:0] ADDR_NEG_STEP     = 8'h64;
-    localparam [7:0] ADDR_INV_SCALE    = 8'h68;
+    localparam [7:0] ADDR_N_DECAY      = 8'h48;  // the decay boundary (parameter groups)
+    localparam [7:0] ADDR_DECAY        = 8'h4C;
+    localparam [7:0] ADDR_B1           = 8'h50;
+    localparam [7:0] ADDR_OMB1         = 8'h54;
+    localparam [7:0] ADDR_B2           = 8'h58;
+    localparam [7:0] ADDR_OMB2         = 8'h5C;
+    localparam [7:0] ADDR_INV_BC2_SQRT = 8'h60;
+    localparam [7:0] ADDR_EPS          = 8'h64;
+    localparam [7:0] ADDR_NEG_STEP     = 8'h68;
+    localparam [7:0] ADDR_INV_SCALE    = 8'h6C;
 
-    localparam NWORDS = 23;   // argument words: 6 buffers x 2 + 11 x 1, from 0x10
+    localparam NWORDS = 24;   // argument words: 6 buffers x 2 + 12 x 1, from 0x10
 
     initial begin
         if (ADDR_W < 7 || ADDR_W > 32) begin
@@ -152,7 +154,7 @@ module l2l_axil_ctrl #(
     wire        do_write = aw_have && w_have;
     wire [7:0]  wa       = aw32[7:0] & 8'hFC;
     wire        wa_high  = (aw32[31:8] != 0);       // beyond the map
-    wire [4:0]  wa_word  = wa[6:2] - ADDR_GR[6:2];  // argument word, when wa is in 0x10 .. 0x6B
+    wire [4:0]  wa_word  = wa[6:2] - ADDR_GR[6:2];  // argument word, when wa is in 0x10 .. 0x6F
     wire [31:0] wmask    = {{8{w_strb[3]}}, {8{w_strb[2]}}, {8{w_strb[1]}}, {8{w_strb[0]}}};
 
     // ------------------------------------------------------------ read channel
@@ -270,6 +272,7 @@ module l2l_axil_ctrl #(
     assign arg_finite          = {args[(ADDR_FINITE - ADDR_GR) / 4 + 1], args[(ADDR_FINITE - ADDR_GR) / 4]};
     assign arg_n               = args[(ADDR_N - ADDR_GR) / 4];
     assign arg_k               = args[(ADDR_K - ADDR_GR) / 4];
+    assign arg_n_decay         = args[(ADDR_N_DECAY - ADDR_GR) / 4];
     assign arg_decay           = args[(ADDR_DECAY - ADDR_GR) / 4];
     assign arg_b1              = args[(ADDR_B1 - ADDR_GR) / 4];
     assign arg_omb1            = args[(ADDR_OMB1 - ADDR_GR) / 4];

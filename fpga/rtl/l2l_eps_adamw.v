@@ -5,7 +5,10 @@
 // Input: one joined beat of LANES elements each of the reduced gradient g and
 // the state p, m, v (the kernel joins the reducer's output with its p/m/v
 // reads). Output: p', m', v' and the copy of p' (CDTYPE: 0 fp32, 1 bf16,
-// 2 fp16), with tkeep/tlast carried along unchanged. Lanes with tkeep = 0 are
+// 2 fp16), with tkeep/tlast carried along unchanged. s_axis_decay says, per
+// lane, whether that element is weight-decayed (the parameter groups: its
+// index in the entry is below n_decay; the kernel derives it from its element
+// count). Lanes with tkeep = 0 are
 // computed like the others (their values are whatever came in) and are marked
 // invalid on the output; the kernel does not write them.
 //
@@ -34,6 +37,7 @@ module l2l_eps_adamw #(
     // one joined beat: LANES elements each of the reduced gradient g and the state p, m, v
     input  wire [32*LANES-1:0]    s_axis_g, s_axis_p, s_axis_m, s_axis_v,
     input  wire [LANES-1:0]       s_axis_tkeep,
+    input  wire [LANES-1:0]       s_axis_decay,   // per lane: 1 p1 = p * decay, 0 p1 = p (past n_decay)
     input  wire                   s_axis_tlast,
     input  wire                   s_axis_tvalid,
     output wire                   s_axis_tready,
@@ -85,6 +89,7 @@ module l2l_eps_adamw #(
                 .decay(decay), .b1(b1), .omb1(omb1), .b2(b2), .omb2(omb2),
                 .inv_bc2_sqrt(inv_bc2_sqrt), .eps(eps), .neg_step(neg_step),
                 .in_valid(s_axis_tvalid),   // sampled only when ce = 1 = s_axis_tready
+                .decay_en(s_axis_decay[i]),
                 .g(s_axis_g[32*i +: 32]), .p(s_axis_p[32*i +: 32]),
                 .m(s_axis_m[32*i +: 32]), .v(s_axis_v[32*i +: 32]),
                 .out_valid(lane_valid[i]),

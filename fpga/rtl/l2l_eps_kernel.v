@@ -14,7 +14,11 @@
 //      reducer again (the same operations in the same order, so the same
 //      bits), joined beat by beat with p, m, v read in element order, through
 //      l2l_eps_adamw; p', m', v' and the device copy are written back in place
-//      in bursts;
+//      in bursts. Weight decay applies to elements [0, n_decay) only (the
+//      parameter groups): a count of decayed elements still to come, LANES
+//      less per joined beat, gives every lane of the beat its decay bit, so a
+//      boundary inside a beat, at a burst or block edge, or on a partial last
+//      beat is exact; n_decay above n acts as n;
 // then ap_done (and the interrupt, if enabled). A layer that is not finite
 // gets only its flag written: p, m, v and the copy stay as they were (the
 // contract's skip). n = 0 writes flag 1 and nothing else; k = 0 or k > 255
@@ -22,7 +26,7 @@
 //
 // Memory errors: every read and write response on the five masters is
 // watched. One that is SLVERR or DECERR sets the status register's
-// dma_error bit (0x6C, l2l_axil_ctrl) until the next run starts. An error
+// dma_error bit (0x70, l2l_axil_ctrl) until the next run starts. An error
 // on a gradient read during the check pass makes the flag 0 and skips the
 // update, so the layer stays as it was; an error on the flag's own write also
 // skips the update. An error during the update pass cannot be undone (p, m, v
@@ -318,7 +322,7 @@ module l2l_eps_kernel #(
     wire        ap_start;
     wire        ap_ready, ap_done, ap_idle;
     wire [63:0] a_gr, a_p, a_m, a_v, a_copy, a_finite;
-    wire [31:0] a_n, a_k, a_decay, a_b1, a_omb1, a_b2, a_omb2, a_inv_bc2_sqrt, a_eps, a_neg_step,
+    wire [31:0] a_n, a_k, a_n_decay, a_decay, a_b1, a_omb1, a_b2, a_omb2, a_inv_bc2_sqrt, a_eps, a_neg_step,
                 a_inv_scale;
 
     l2l_axil_ctrl #(.ADDR_W(C_S_AXI_CONTROL_ADDR_WIDTH)) u_ctrl (
@@ -335,7 +339,7 @@ module l2l_eps_kernel #(
         .ap_start(ap_start), .ap_ready(ap_ready), .ap_done(ap_done), .ap_idle(ap_idle),
         .dma_error(dma_err),
         .arg_gr(a_gr), .arg_p(a_p), .arg_m(a_m), .arg_v(a_v), .arg_copy(a_copy), .arg_finite(a_finite),
-        .arg_n(a_n), .arg_k(a_k), .arg_decay(a_decay), .arg_b1(a_b1), .arg_omb1(a_omb1), .arg_b2(a_b2),
+        .arg_n(a_n), .arg_k(a_k), .arg_n_decay(a_n_decay), .arg_decay(a_decay), .arg_b1(a_b1), .arg_omb1(a_omb1), .arg_b2(a_b2),
         .arg_omb2(a_omb2), .arg_inv_bc2_sqrt(a_inv_bc2_sqrt), .arg_eps(a_eps), .arg_neg_step(a_neg_step),
         .arg_inv_scale(a_inv_scale));
 
@@ -348,6 +352,7 @@ module l2l_eps_kernel #(
     reg  [63:0] r_gr, r_p, r_m, r_v, r_copy, r_finite;
     reg  [31:0] r_n;
     reg  [7:0]  r_k;
+    reg  [31:0] r_n_decay;
     reg  [31:0] r_decay, r_b1, r_omb1, r_b2, r_omb2, r_inv_bc2_sqrt, r_eps, r_neg_step, r_inv_scale;
 
     assign ap_ready = (state == S_IDLE) && ap_start;
@@ -483,6 +488,24 @@ module l2l_eps_kernel #(
     assign join_fire = (state == S_UPDATE) && all_in && ad_ready;
     assign g_tready  = in_check || join_fire;
 
+    // ------------------------------------------------------------ decay boundary
+    // dec_left: elements from the current joined beat on that are still to be decayed
+    // (saturates at 0); dmask: lane i of that beat is decayed iff dec_left > i. Both are
+    // flip-flops, so the lanes' decay-operand mux is fed from registers: the comparators
+    // sit before dmask, off the multipliers' first stage.
+    reg  [31:0]      dec_left;
+    reg  [LANES-1:0] dmask;
+    wire [31:0]      dec_next = (dec_left > LANES) ? dec_left - LANES : 32'd0;
+    // one set of comparators: the next beat's count in the update pass, n_decay before it
+    wire [31:0]      dec_from = (state == S_UPDATE) ? dec_next : r_n_decay;
+    wire [LANES-1:0] dmask_from;
+    genvar gi;
+    generate
+        for (gi = 0; gi < LANES; gi = gi + 1) begin : g_dmask
+            assign dmask_from[gi] = (dec_from > gi);
+        end
+    endgenerate
+
     // ------------------------------------------------------------ AdamW
     wire [DW-1:0]       pn, mn, vn;
     wire [CW*LANES-1:0] cn;
@@ -503,7 +526,7 @@ module l2l_eps_kernel #(
         .decay(r_decay), .b1(r_b1), .omb1(r_omb1), .b2(r_b2), .omb2(r_omb2),
         .inv_bc2_sqrt(r_inv_bc2_sqrt), .eps(r_eps), .neg_step(r_neg_step),
         .s_axis_g(g_iso), .s_axis_p(p_tdata), .s_axis_m(m_tdata), .s_axis_v(v_tdata),
-        .s_axis_tkeep(g_tkeep), .s_axis_tlast(p_tlast),
+        .s_axis_tkeep(g_tkeep), .s_axis_decay(dmask), .s_axis_tlast(p_tlast),
         .s_axis_tvalid((state == S_UPDATE) && all_in), .s_axis_tready(ad_ready),
         .m_axis_p(pn), .m_axis_m(mn), .m_axis_v(vn), .m_axis_c(cn),
         .m_axis_tkeep(ad_keep), .m_axis_tlast(),
@@ -638,6 +661,8 @@ module l2l_eps_kernel #(
             upd_started <= 1'b0;
             chk_left   <= 32'd0;
             dma_err    <= 1'b0;
+            dec_left   <= 32'd0;
+            dmask      <= {LANES{1'b0}};
         end else begin
             if (resp_err) dma_err <= 1'b1;
             flag_clear <= 1'b0;
@@ -649,12 +674,16 @@ module l2l_eps_kernel #(
             if (wr_cmd_m && wc_rdy_m) wr_cmd_m <= 1'b0;
             if (wr_cmd_v && wc_rdy_v) wr_cmd_v <= 1'b0;
             if (wr_cmd_c && wc_rdy_c) wr_cmd_c <= 1'b0;
+            if (join_fire) begin                  // a beat went in: the next one's decay bits
+                dec_left <= dec_next;
+                dmask    <= dmask_from;
+            end
             case (state)
                 S_IDLE: if (ap_start) begin
                     dma_err <= 1'b0;              // a new run: the last one's errors are read by now
                     r_gr   <= a_gr;   r_p <= a_p;   r_m <= a_m;   r_v <= a_v;
                     r_copy <= a_copy; r_finite <= a_finite;
-                    r_n    <= a_n;    r_k <= a_k[7:0];
+                    r_n    <= a_n;    r_k <= a_k[7:0];    r_n_decay <= a_n_decay;
                     r_decay <= a_decay; r_b1 <= a_b1; r_omb1 <= a_omb1; r_b2 <= a_b2; r_omb2 <= a_omb2;
                     r_inv_bc2_sqrt <= a_inv_bc2_sqrt; r_eps <= a_eps; r_neg_step <= a_neg_step;
                     r_inv_scale <= a_inv_scale;
@@ -693,6 +722,8 @@ module l2l_eps_kernel #(
                             wr_cmd_p <= 1'b1; wr_cmd_m <= 1'b1; wr_cmd_v <= 1'b1; wr_cmd_c <= 1'b1;
                             upd_started <= 1'b0;
                             gen_start   <= 1'b1;
+                            dec_left    <= r_n_decay;     // the first beat's decay bits
+                            dmask       <= dmask_from;
                             state <= S_UPDATE;
                         end else begin
                             state <= S_DONE;

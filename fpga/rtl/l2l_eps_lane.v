@@ -2,7 +2,7 @@
 // EPS contract's operations in the contract's order, each one a separately
 // rounded binary32 operation through one FP unit (no fusion, no reassociation).
 //
-//     p1 = p * decay
+//     p1 = p * decay        (p * 1.0 when decay_en = 0: past the entry's n_decay)
 //     m' = (b1 * m) + (omb1 * g)
 //     v' = (b2 * v) + (omb2 * (g * g))
 //     d  = (sqrt(v') * inv_bc2_sqrt) + eps
@@ -19,6 +19,13 @@
 // narrowing latency with the current latency header).
 //
 // The step scalars are constant during a run and go straight to the units.
+// decay_en travels with the element (sampled with p): the parameter groups'
+// boundary falls anywhere, so each element picks its own decay operand. The
+// contract's "past n_decay p1 = p" is p * 1.0 here: exact for every p but a
+// NaN (the multiplier's canonical NaN; the contract leaves NaN payloads open),
+// subnormals and signed zeros included. A mux on the multiplier's operand
+// costs one LUT level in its first stage and no latency; a bypass of the
+// multiplier would need its own LM-deep delay line of p.
 `default_nettype none
 `include "l2l_fp_latency.vh"
 
@@ -30,6 +37,7 @@ module l2l_eps_lane #(
     input  wire        ce,          // the whole lane advances when 1
     input  wire [31:0] decay, b1, omb1, b2, omb2, inv_bc2_sqrt, eps, neg_step,
     input  wire        in_valid,
+    input  wire        decay_en,    // 1: p1 = p * decay (index < n_decay); 0: p1 = p * 1.0
     input  wire [31:0] g, p, m, v,
     output wire        out_valid,
     output wire [31:0] p_out,       // p'
@@ -69,7 +77,8 @@ module l2l_eps_lane #(
     wire [31:0] p1, b1m, omb1g, gg, b2v;
     wire        unused_vld_b1m, unused_vld_omb1g, unused_vld_gg, unused_vld_b2v;
 
-    l2l_fp32_mul u_p1    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p),    .b(decay),
+    wire [31:0] p1_b = decay_en ? decay : 32'h3F800000;    // decay or 1.0
+    l2l_fp32_mul u_p1    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p),    .b(p1_b),
                           .out_valid(p1_vld),           .y(p1));
     l2l_fp32_mul u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
                           .out_valid(unused_vld_b1m),   .y(b1m));
