@@ -331,9 +331,8 @@ scale:
 template <class C>
 void adamw(fifo<float> &sums, fifo<float> &p_in, fifo<float> &m_in, fifo<float> &v_in, fifo<float> &p_out,
            fifo<float> &m_out, fifo<float> &v_out, fifo<typename C::T> &copy_out, unsigned len,
-           unsigned decayed, float decay,
-           float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt, float eps, float neg_step,
-           float inv_scale) {
+           unsigned decayed, float decay, float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt,
+           float eps, float neg_step, float inv_scale) {
 elements:
     for (unsigned i = 0; i < len; ++i) {
 #pragma HLS PIPELINE II=1
@@ -400,8 +399,8 @@ void check_block(const typename G::T *g, int *finite, unsigned n, unsigned k, fl
 
 template <class G, class C>
 void update_block(const typename G::T *gr, float *p, float *m, float *v, typename C::T *copy, unsigned n,
-                  unsigned k, unsigned decayed, float decay, float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt,
-                  float eps, float neg_step, float inv_scale, uint64_t base, unsigned len) {
+                  unsigned k, unsigned decayed, float decay, float b1, float omb1, float b2, float omb2,
+                  float inv_bc2_sqrt, float eps, float neg_step, float inv_scale, uint64_t base, unsigned len) {
 #pragma HLS DATAFLOW
     fifo<typename G::T> raw;
 #pragma HLS STREAM variable=raw depth=FIFO_DEPTH
