@@ -2,8 +2,8 @@
 // reduce + AdamW + device copy, and copy alone.
 //
 // The same kernels, kernel names and argument order as fpga/opencl/eps.cl
-// (fpga/ARGS.md: buffers first, then n and k, then the step scalars in the
-// contract's table order), computing the same bits: docs/eps-numerics.md.
+// (fpga/ARGS.md: buffers first, then n and k (and n_decay for the update), then
+// the step scalars in the contract's table order), computing the same bits: docs/eps-numerics.md.
 // Every operation is one binary32 operation rounded to nearest even, written as
 // its own statement; build with -ffp-contract=off and never with -ffast-math.
 // Not checked here (no Vitis in CI): that the synthesised floating-point cores
@@ -325,12 +325,14 @@ scale:
     verdict.write(ok);
 }
 
-// AdamW on one element per clock, in the contract's order of operations.
+// AdamW on one element per clock, in the contract's order of operations. The block's
+// first `decayed` elements are weight-decayed, the rest keep p1 = p0 (the parameter
+// groups): a multiplexer after the multiplier, no change to the pipeline.
 template <class C>
 void adamw(fifo<float> &sums, fifo<float> &p_in, fifo<float> &m_in, fifo<float> &v_in, fifo<float> &p_out,
-           fifo<float> &m_out, fifo<float> &v_out, fifo<typename C::T> &copy_out, unsigned len, float decay,
-           float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt, float eps, float neg_step,
-           float inv_scale) {
+           fifo<float> &m_out, fifo<float> &v_out, fifo<typename C::T> &copy_out, unsigned len,
+           unsigned decayed, float decay, float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt,
+           float eps, float neg_step, float inv_scale) {
 elements:
     for (unsigned i = 0; i < len; ++i) {
 #pragma HLS PIPELINE II=1
@@ -340,7 +342,8 @@ elements:
         const float m0 = m_in.read();
         const float v0 = v_in.read();
         // the contract's order: every parenthesised product and each sum on its own
-        const float p1 = p0 * decay;              // p1 = p * decay
+        const float pd = p0 * decay;              // p * decay
+        const float p1 = (i < decayed) ? pd : p0; // p1: p * decay below n_decay, p past it
         const float b1m = b1 * m0;                // b1 * m
         const float omb1g = omb1 * g;             // omb1 * g
         const float m1 = b1m + omb1g;             // m' = (b1*m) + (omb1*g)
@@ -396,8 +399,8 @@ void check_block(const typename G::T *g, int *finite, unsigned n, unsigned k, fl
 
 template <class G, class C>
 void update_block(const typename G::T *gr, float *p, float *m, float *v, typename C::T *copy, unsigned n,
-                  unsigned k, float decay, float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt,
-                  float eps, float neg_step, float inv_scale, uint64_t base, unsigned len) {
+                  unsigned k, unsigned decayed, float decay, float b1, float omb1, float b2, float omb2,
+                  float inv_bc2_sqrt, float eps, float neg_step, float inv_scale, uint64_t base, unsigned len) {
 #pragma HLS DATAFLOW
     fifo<typename G::T> raw;
 #pragma HLS STREAM variable=raw depth=FIFO_DEPTH
@@ -422,7 +425,7 @@ void update_block(const typename G::T *gr, float *p, float *m, float *v, typenam
     read_array<float>(m, m_in, base, len);
     read_array<float>(v, v_in, base, len);
     reduce<G>(raw, sums, k, len);
-    adamw<C>(sums, p_in, m_in, v_in, p_out, m_out, v_out, copy_out, len, decay, b1, omb1, b2, omb2,
+    adamw<C>(sums, p_in, m_in, v_in, p_out, m_out, v_out, copy_out, len, decayed, decay, b1, omb1, b2, omb2,
              inv_bc2_sqrt, eps, neg_step, inv_scale);
     write_array<float>(p_out, p, base, len);
     write_array<float>(m_out, m, base, len);
@@ -455,18 +458,26 @@ blocks:
     }
 }
 
+// How many of the block [base, base + len) lie below the decay boundary
+// (numerics.decayed_part); an n_decay above n acts as n.
+inline unsigned decayed_part(uint64_t n_decay, uint64_t base, unsigned len) {
+    return n_decay <= base ? 0u : part(n_decay, base, len);
+}
+
 // One pass: reduce the k contributions, AdamW in place on p, m, v, write the
-// device copy of p'. Does nothing when *finite is 0 (the layer is untouched).
+// device copy of p'. Elements [0, n_decay) are weight-decayed, the rest are not.
+// Does nothing when *finite is 0 (the layer is untouched).
 template <class G, class C>
 void update(const typename G::T *gr, float *p, float *m, float *v, typename C::T *copy,
-            const int *finite, unsigned n, unsigned k, float decay, float b1, float omb1, float b2,
+            const int *finite, unsigned n, unsigned k, unsigned n_decay, float decay, float b1, float omb1, float b2,
             float omb2, float inv_bc2_sqrt, float eps, float neg_step, float inv_scale) {
     if (*finite == 0) return;
 blocks:
     for (uint64_t base = 0; base < n; base += BLOCK) {  // 64 bits: no wrap for n near 2**32
 #pragma HLS loop_tripcount min=1 max=MAX_BLOCKS avg=AVG_BLOCKS
-        update_block<G, C>(gr, p, m, v, copy, n, k, decay, b1, omb1, b2, omb2, inv_bc2_sqrt, eps, neg_step,
-                           inv_scale, base, part(n, base, BLOCK));
+        const unsigned len = part(n, base, BLOCK);
+        update_block<G, C>(gr, p, m, v, copy, n, k, decayed_part(n_decay, base, len), decay, b1, omb1, b2,
+                           omb2, inv_bc2_sqrt, eps, neg_step, inv_scale, base, len);
     }
 }
 
@@ -536,8 +547,8 @@ blocks:
 #define EPS_UPDATE(GN, G, CN, C)                                                              \
     extern "C" void eps_update_##GN##_##CN(                                                    \
         const G::T *gr, float *p, float *m, float *v, C::T *copy, const int *finite,           \
-        unsigned n, unsigned k, float decay, float b1, float omb1, float b2, float omb2,       \
-        float inv_bc2_sqrt, float eps, float neg_step, float inv_scale) {                      \
+        unsigned n, unsigned k, unsigned n_decay, float decay, float b1, float omb1, float b2, \
+        float omb2, float inv_bc2_sqrt, float eps, float neg_step, float inv_scale) {          \
         EPS_MAXI(gr, gmem0)                                                                    \
         EPS_MAXI(p, gmem1)                                                                     \
         EPS_MAXI(m, gmem2)                                                                     \
@@ -546,6 +557,7 @@ blocks:
         EPS_MAXI(finite, gmem5)                                                                \
         EPS_LITE(n)                                                                            \
         EPS_LITE(k)                                                                            \
+        EPS_LITE(n_decay)                                                                      \
         EPS_LITE(decay)                                                                        \
         EPS_LITE(b1)                                                                           \
         EPS_LITE(omb1)                                                                         \
@@ -556,7 +568,7 @@ blocks:
         EPS_LITE(neg_step)                                                                     \
         EPS_LITE(inv_scale)                                                                    \
         EPS_LITE(return)                                                                       \
-        eps::update<G, C>(gr, p, m, v, copy, finite, n, k, decay, b1, omb1, b2, omb2,          \
+        eps::update<G, C>(gr, p, m, v, copy, finite, n, k, n_decay, decay, b1, omb1, b2, omb2, \
                           inv_bc2_sqrt, eps, neg_step, inv_scale);                             \
     }
 

@@ -120,19 +120,22 @@ class Twin:
         return ref
 
     def step(self, grads, s: StepScalars, cdtype: str, what: str, expect_finite=None, form="list",
-             copies=None) -> bool:
+             copies=None, n_decay=None) -> bool:
         """One update on both; ``grads`` is a list of K arrays, passed as ``form`` (see
         as_form). ``copies``: (NumPy's, the backend's) device-copy arrays reused across steps;
-        by default fresh arrays holding a sentinel."""
+        by default fresh arrays holding a sentinel. ``n_decay``: the decay boundary, passed
+        to both only when given (None: the step as a caller that knows no groups makes it)."""
         p, m, v = self.ref.read_state(self.layer)
         inputs = {"p": p, "m": m, "v": v, **{f"g{k}": g for k, g in enumerate(grads)}, **scalar_dict(s)}
         inputs["copy"] = cdtype
         inputs["form"] = form
+        inputs["n_decay"] = n_decay
+        kw = {} if n_decay is None else {"n_decay": n_decay}
         c_ref, c_dut = copies if copies is not None else (sentinel(self.n, cdtype), sentinel(self.n, cdtype))
         before = c_dut.copy()
         arg = as_form(grads, form)
-        f_ref = self.ref.step(self.layer, arg, s, c_ref)
-        f_dut = self.dut.step(self.layer, arg, s, c_dut)
+        f_ref = self.ref.step(self.layer, arg, s, c_ref, **kw)
+        f_dut = self.dut.step(self.layer, arg, s, c_dut, **kw)
         assert f_dut is f_ref, f"{what}: finite flag {self.dut.name} {f_dut} vs NumPy {f_ref}"
         if expect_finite is not None:
             assert f_ref is expect_finite, f"{what}: test vectors meant to give finite={expect_finite}"
@@ -206,7 +209,15 @@ def _hls_tile() -> int:
     return int(found.group(1))
 
 
+def _hls_block() -> int:
+    """eps::BLOCK (elements per dataflow region), as a multiple of TILE in the source."""
+    found = re.search(r"constexpr unsigned BLOCK = (\d+) \* TILE;", hls_csim_backend.kernel_source())
+    assert found, "hls/eps_kernels.cpp no longer says `constexpr unsigned BLOCK = <k> * TILE;`"
+    return int(found.group(1)) * HLS_TILE
+
+
 HLS_TILE = _hls_tile()
+HLS_BLOCK = _hls_block()
 OPENCL_CHUNK = 12  # vectors a chunk takes at least, in tests: small layers cut into many chunks,
 # each one unrolled pass of eps_check (8 vectors) and a remainder
 NUMPY_GRAIN = 256  # elements a threaded NumPy range is a multiple of, in tests: small layers cut into ranges
@@ -221,13 +232,37 @@ class BackendUnderTest:
     tile), since that is where an off-by-one in a loop bound or a tail would show. A layer of
     ``nonfinite_n`` elements gets its one non-finite gradient element at each of
     ``nonfinite_at`` in turn: the first element, inside a later block, the last element of a
-    partial block, each a different branch of the kernels' loops."""
+    partial block, each a different branch of the kernels' loops. ``split_at(backend, n)``:
+    element indices where an n-element update's work changes hands or path (a work-item's
+    chunk, a thread's range, a block, the scalar tail), around which the decay boundary
+    ``n_decay`` is put (the parameter groups); ``groups_n``, the layer size for that."""
 
     name: str
     make: Callable[[], EpsBackend]
     edge_sizes: tuple[int, ...]
     nonfinite_n: int
     nonfinite_at: tuple[int, int, int]
+    groups_n: int
+    split_at: Callable[[EpsBackend, int], tuple[int, ...]]
+
+
+def _opencl_split(be, n: int) -> tuple[int, ...]:
+    """eps_update's chunk starts as eps.cl cuts them for this launch (the second, third and
+    last work-item's), and its scalar tail."""
+    vw, items = be.vector_width, be.launch_shape("eps_update_f32_f32", n)[0]
+    nv = n // vw
+    starts = [c * nv // items * vw for c in range(1, items)]
+    return (*starts[:2], *starts[-1:], nv * vw)
+
+
+def _numpy_split(be, n: int) -> tuple[int, ...]:
+    """The threads' ranges (l2l/eps/threads.py RangePool)."""
+    return tuple(lo for lo, _ in be._pool.ranges(n)[1:])
+
+
+def _hls_split(be, n: int) -> tuple[int, ...]:
+    """The dataflow blocks (eps::BLOCK, one region each)."""
+    return tuple(range(HLS_BLOCK, n, HLS_BLOCK))
 
 
 UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
@@ -242,7 +277,8 @@ UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
     BackendUnderTest(OpenCLBackend.name, lambda: OpenCLBackend(min_chunk=OPENCL_CHUNK),
                      edge_sizes=(1, *_around(8, 16, 384, 1536), 3001, 8193),
                      nonfinite_n=97 * 16 + 3,
-                     nonfinite_at=(0, 65 * 16 + 3, 97 * 16 + 2)),
+                     nonfinite_at=(0, 65 * 16 + 3, 97 * 16 + 2),
+                     groups_n=3005, split_at=_opencl_split),
     # NumPy on several threads (l2l/eps/threads.py): the layer cut into one contiguous range of
     # whole grains per thread (the last takes the rest), each range walked in chunks; against
     # one thread. Sizes around one, two and three grains (one range, then two, then three)
@@ -250,13 +286,15 @@ UNDER_TEST: dict[str, BackendUnderTest] = {be.name: be for be in (
     BackendUnderTest(NumpyBackend.name, lambda: NumpyBackend(threads=3, grain=NUMPY_GRAIN),
                      edge_sizes=(1, *_around(NUMPY_GRAIN, 2 * NUMPY_GRAIN, 3 * NUMPY_GRAIN), 3001),
                      nonfinite_n=3 * NUMPY_GRAIN + 5,
-                     nonfinite_at=(0, NUMPY_GRAIN + 7, 3 * NUMPY_GRAIN + 4)),
+                     nonfinite_at=(0, NUMPY_GRAIN + 7, 3 * NUMPY_GRAIN + 4),
+                     groups_n=3005, split_at=_numpy_split),
     # HLS (hls/eps_kernels.cpp): tiles of HLS_TILE, one burst per contribution and tile; a few
     # small sizes too. The non-finite layer is two whole tiles and a partial one.
     BackendUnderTest(HlsCsimBackend.name, HlsCsimBackend,
                      edge_sizes=(1, 7, 8, 9, *_around(HLS_TILE, 2 * HLS_TILE), 3001),
                      nonfinite_n=2 * HLS_TILE + 43,
-                     nonfinite_at=(0, HLS_TILE + 3, 2 * HLS_TILE + 42)),
+                     nonfinite_at=(0, HLS_TILE + 3, 2 * HLS_TILE + 42),
+                     groups_n=HLS_BLOCK + 3005, split_at=_hls_split),
 )}
 
 

@@ -305,6 +305,59 @@ def test_write_copy_every_class(backend, cdtype):
 
 
 # --------------------------------------------------------------------------
+# parameter groups: the decay boundary n_decay
+# --------------------------------------------------------------------------
+
+
+def _decay_boundaries(backend, n: int) -> list[int]:
+    """n_decay at 0, 1, n - 1, n and on both sides of, at and a half-vector past every place
+    where the backend's split of the layer changes (UNDER_TEST.split_at), and an odd one inside
+    each piece: most are not multiples of the vector width (8 or 16)."""
+    cuts = UNDER_TEST[backend.name].split_at(backend, n)
+    assert cuts and all(0 < c < n for c in cuts), cuts
+    near = {c + d for c in cuts for d in (-1, 0, 1, 8)}
+    inside = {(a + b) // 2 | 1 for a, b in zip((0, *cuts), (*cuts, n))}
+    return sorted(b for b in {0, 1, n - 1, n, *near, *inside} if 0 <= b <= n)
+
+
+def test_parameter_groups(backend):
+    """Weight decay on elements [0, n_decay) only: one layer per K (1, 2) stepped once per
+    boundary of _decay_boundaries, the gradient and copy dtypes in turn, bit for bit NumPy's
+    on one thread. A step without n_decay decays everything, as n_decay = n does."""
+    n = UNDER_TEST[backend.name].groups_n
+    boundaries = _decay_boundaries(backend, n)
+    hyper = AdamWHyper(lr=1e-2, weight_decay=0.1)  # decay 0.999: p * decay != p for every normal p
+    rng = rng_for(backend, "groups")
+    for K in (1, 2):
+        tw = Twin(backend, *wide_state(rng, n))
+        for t, nd in enumerate([*boundaries, None], start=1):
+            gdtype, cdtype = DTYPES[t % 3], DTYPES[(t + K) % 3]
+            grads = [grad_array(wide_grad_bits(rng, n, gdtype), gdtype) for _ in range(K)]
+            s = StepScalars.compute(hyper, t, divisor=float(K))
+            assert s.decay != 1.0
+            tw.step(grads, s, cdtype, f"n_decay={nd} of {n} K={K} {gdtype}->{cdtype}", expect_finite=True,
+                    form=FORMS[t % len(FORMS)], n_decay=nd)
+
+
+def test_bad_decay_boundary_refused(backend):
+    """n_decay outside [0, n] is refused with ValueError before anything is written, by the
+    backend under test as by NumPy; a good step follows."""
+    rng = rng_for(backend, "bad-n-decay")
+    n = 300
+    tw = Twin(backend, *wide_state(rng, n))
+    s = StepScalars.compute(AdamWHyper(weight_decay=0.1), 1)
+    g = [grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")]
+    for nd in (-1, n + 1, 1 << 32):
+        for be in (tw.ref, tw.dut):
+            copy = sentinel(n, "bf16")
+            with pytest.raises(ValueError, match="n_decay"):
+                be.step(tw.layer, g, s, copy, n_decay=nd)
+            assert_same(copy, sentinel(n, "bf16"), f"{be.name}: device copy written with n_decay={nd}")
+        tw.check_state(f"after n_decay={nd} refused")
+    tw.step(g, s, "bf16", "good step after refused ones", expect_finite=True, n_decay=n // 2 + 1)
+
+
+# --------------------------------------------------------------------------
 # non-finite gradients
 # --------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from l2l.errors import UserError
 
 from eps_oracle import grad_array, wide_f32, wide_grad_bits  # tests/ is on sys.path under pytest
 
-from eps_twin import DTYPES, HLS_TILE as TILE, Twin, assert_same, sentinel, wide_state
+from eps_twin import DTYPES, HLS_BLOCK, HLS_TILE as TILE, Twin, assert_same, sentinel, wide_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
@@ -85,11 +85,31 @@ def test_update_kernel_writes_nothing_when_flag_clear(hls):
         copy = sentinel(n, c)
         flag = np.zeros(1, np.int32)
         fn = getattr(hls.lib, f"eps_update_{hcb.GRAD_SUFFIX[gr.dtype]}_{hcb.SUFFIX[copy.dtype]}")
-        fn(gr.ctypes.data, *(a.ctypes.data for a in state), copy.ctypes.data, flag.ctypes.data, n, 2,
+        fn(gr.ctypes.data, *(a.ctypes.data for a in state), copy.ctypes.data, flag.ctypes.data, n, 2, n,
            *StepScalars.compute(AdamWHyper(), 1).as_tuple())
         for a, b in zip(state, before):
             assert_same(a, b, f"{g}->{c}: state written with the flag clear")
         assert_same(copy, sentinel(n, c), f"{g}->{c}: copy written with the flag clear")
+
+
+def test_update_kernel_decay_boundary_past_n_acts_as_n(hls):
+    """eps_update_<g>_<c> called directly with n_decay above n (the host refuses one; the RTL
+    register map says such a value acts as n): the bits of n_decay = n, every element decayed."""
+    rng = np.random.default_rng(816)
+    n = HLS_BLOCK + 5  # past n within the last block, and past a whole block
+    gr = grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")
+    start = [wide_f32(rng, n) for _ in range(3)]
+    s = StepScalars.compute(AdamWHyper(lr=1e-2, weight_decay=0.1), 1).as_tuple()
+    out = []
+    for n_decay in (n, n + 1, HLS_BLOCK * 2, (1 << 32) - 1):
+        state, copy, flag = [a.copy() for a in start], sentinel(n, "bf16"), np.ones(1, np.int32)
+        hls.lib.eps_update_f32_bf16(gr.ctypes.data, *(a.ctypes.data for a in state), copy.ctypes.data,
+                                    flag.ctypes.data, n, 1, n_decay, *s)
+        out.append((n_decay, state, copy))
+    for n_decay, state, copy in out[1:]:
+        for a, b, name in zip(state, out[0][1], "pmv"):
+            assert_same(a, b, f"n_decay={n_decay}: {name}")
+        assert_same(copy, out[0][2], f"n_decay={n_decay}: copy")
 
 
 # --------------------------------------------------------------------------
@@ -224,7 +244,7 @@ def test_hls_parameters_match_the_opencl_kernels(macro):
     assert params == cl, (macro, params, cl)
     names = [p[0] for p in params]
     expected = {"EPS_CHECK": ["g", "finite", "n", "k", "inv_scale"],
-                "EPS_UPDATE": ["gr", "p", "m", "v", "copy", "finite", "n", "k", *StepScalars.names()],
+                "EPS_UPDATE": ["gr", "p", "m", "v", "copy", "finite", "n", "k", "n_decay", *StepScalars.names()],
                 "EPS_COPY": ["p", "copy", "n"]}[macro]
     assert names == expected
     # one AXI master bundle per buffer, every scalar and the control on the AXI-lite slave
@@ -257,25 +277,21 @@ def test_hls_kernel_names_match_the_opencl_kernels():
 # --------------------------------------------------------------------------
 
 
-def _hls_block() -> int:
-    found = re.search(r"constexpr unsigned BLOCK = (\d+) \* TILE;", hcb.kernel_source())
-    assert found, "hls/eps_kernels.cpp no longer says `constexpr unsigned BLOCK = <k> * TILE;`"
-    return int(found.group(1)) * TILE
-
-
 def test_layer_over_several_blocks(hls):
     """Each kernel runs one dataflow region per block: a layer of two whole blocks and a partial
-    one agrees with NumPy bit for bit; a non-finite element in a later block only (its last
-    element, or the first of the second block) clears the flag and leaves everything as it was."""
-    block = _hls_block()
+    one agrees with NumPy bit for bit, with the decay boundary inside the second block, at the
+    third's start and at n; a non-finite element in a later block only (its last element, or
+    the first of the second block) clears the flag and leaves everything as it was."""
+    block = HLS_BLOCK
     n = 2 * block + TILE + 3
     rng = np.random.default_rng(841)
     p, m, v = wide_state(rng, n)
     tw = Twin(hls, p, m, v)
-    for t, (g, c, k) in enumerate([("bf16", "fp16", 3), ("fp32", "bf16", 1), ("fp16", "fp32", 2)], start=1):
+    for t, (g, c, k, nd) in enumerate([("bf16", "fp16", 3, block + 5), ("fp32", "bf16", 1, 2 * block),
+                                       ("fp16", "fp32", 2, None)], start=1):
         grads = [grad_array(wide_grad_bits(rng, n, g), g) for _ in range(k)]
         tw.step(grads, StepScalars.compute(AdamWHyper(), t, divisor=float(k)), c, f"{n} elements, step {t}",
-                expect_finite=True)
+                expect_finite=True, n_decay=nd)
     tw.write_copy("bf16", f"{n} elements")
     state = tw.dut.read_state(tw.layer)
     for at in (block, n - 1):

@@ -150,6 +150,38 @@ def test_check_finds_every_position(launch, vector_width, k):
 
 
 # --------------------------------------------------------------------------
+# the update's decay boundary in every launch shape
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launch", ["chunks", "vectors", "task"])
+def test_decay_boundary_in_every_shape(launch):
+    """eps_update decays whole vectors below n_decay, selects lanes in the one vector that
+    straddles it, leaves the vectors past it undecayed, and decides the tail element by
+    element. Every boundary in and around the first two vectors, on both sides of a chunk
+    edge and half a vector past it, and in the tail; one work-item per chunk of 3 vectors,
+    per vector (most items with none) or one for all; both vector widths; K = 1 and 2."""
+    for vw in (8, 16):
+        chunk = 3
+        n = 10 * chunk * vw + 5  # ten chunks of three vectors, a tail of 5
+        be = OpenCLBackend(launch=launch, min_chunk=chunk, vector_width=vw)
+        try:
+            edges = (chunk * vw, 5 * chunk * vw)
+            boundaries = sorted({*range(2 * vw + 2), *(e + d for e in edges for d in (-1, 0, 1, vw // 2)),
+                                 *range(n - 6, n + 1)})
+            rng = np.random.default_rng(vw)
+            tw = Twin(be, *wide_state(rng, n))
+            for t, nd in enumerate(boundaries, start=1):
+                K, cdtype = 1 + t % 2, DTYPES[t % 3]
+                grads = [(rng.standard_normal(n) * 1e-2).astype(np.float32) for _ in range(K)]
+                s = StepScalars.compute(AdamWHyper(lr=1e-2, weight_decay=0.1), t, divisor=float(K))
+                tw.step(grads, s, cdtype, f"{launch} VW={vw} n_decay={nd} of {n} K={K} ->{cdtype}",
+                        expect_finite=True, n_decay=nd)
+        finally:
+            be.close()
+
+
+# --------------------------------------------------------------------------
 # launches: arguments set only when changed, the flag reset after every step
 # --------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from l2l.eps.contract import StepScalars
 from l2l.eps.opencl_backend import kernel_source
 
 SCALARS = list(StepScalars.names())
+# eps_update_<g>_<c>'s arguments (fpga/ARGS.md): buffers, n, k, the decay boundary, the step scalars
+UPDATE_ARGS = ["gr", "p", "m", "v", "copy", "finite", "n", "k", "n_decay", *SCALARS]
 
 
 def _params(source: str, kernel: str) -> list[str]:
@@ -21,7 +23,7 @@ def _params(source: str, kernel: str) -> list[str]:
 def test_opencl_kernels_follow_the_shared_order():
     src = kernel_source()
     assert _params(src, "eps_check") == ["g", "finite", "n", "k", "inv_scale"]
-    assert _params(src, "eps_update") == ["gr", "p", "m", "v", "copy", "finite", "n", "k", *SCALARS]
+    assert _params(src, "eps_update") == UPDATE_ARGS
     assert _params(src, "eps_copy") == ["p", "copy", "n"]
     assert SCALARS == ["decay", "b1", "omb1", "b2", "omb2", "inv_bc2_sqrt", "eps", "neg_step", "inv_scale"]
 
@@ -46,23 +48,35 @@ def _hls_update_params() -> list[str]:
 
 def _rtl_register_map() -> list[tuple[int, str]]:
     """(address, argument) of the RTL kernel's AXI4-Lite arguments, from its ADDR_* localparams."""
+    return sorted((addr, name) for name, addr in _rtl_localparams("ADDR").items())
+
+
+def _rtl_localparams(prefix: str) -> dict[str, int]:
+    """{name: address} of l2l_axil_ctrl.v's ``<prefix>_*`` localparams, names lower-case."""
     src = (ROOT / "fpga" / "rtl" / "l2l_axil_ctrl.v").read_text()
-    regs = re.findall(r"localparam\s*(?:\[[^\]]*\])?\s*ADDR_(\w+)\s*=\s*\d*'h([0-9A-Fa-f]+)\s*;", src)
-    return sorted((int(addr, 16), name.lower()) for name, addr in regs)
+    regs = re.findall(rf"localparam\s*(?:\[[^\]]*\])?\s*{prefix}_(\w+)\s*=\s*\d*'h([0-9A-Fa-f]+)\s*;", src)
+    return {name.lower(): int(addr, 16) for name, addr in regs}
 
 
-def test_opencl_hls_and_rtl_take_one_argument_order():
-    """The update kernel's arguments, read from each source: the OpenCL C macro, the HLS
-    C++ top function and the RTL kernel's register map -- one order, not a list kept twice."""
+def test_opencl_and_hls_take_one_argument_order():
+    """The update kernel's arguments, read from the OpenCL C macro and the HLS C++ top
+    function -- one order, not a list kept twice."""
     cl = _params(kernel_source(), "eps_update")
     hls = _hls_update_params()
+    assert cl == hls == UPDATE_ARGS, (cl, hls)
+
+
+def test_rtl_register_map_takes_the_same_order():
+    """The RTL kernel's register map holds the update's arguments in the same order, in the
+    ap_ctrl_hs encoding of fpga/ARGS.md: from 0x10, buffers as 64-bit addresses, n, k,
+    n_decay (0x48) and the scalars as 32 bits, the read-only status right after them (0x70)."""
     regs = _rtl_register_map()
     rtl = [name for _, name in regs]
-    assert cl == hls == rtl, (cl, hls, rtl)
-    assert cl == ["gr", "p", "m", "v", "copy", "finite", "n", "k", *SCALARS]
-    # the ap_ctrl_hs encoding: arguments from 0x10, buffers as 64-bit addresses, scalars as 32 bits
+    assert rtl == UPDATE_ARGS, rtl
     addrs = [a for a, _ in regs]
     assert addrs[0] == 0x10
     buffers = ["gr", "p", "m", "v", "copy", "finite"]
     for (a, name), (b, _) in zip(regs, regs[1:]):
         assert b - a == (8 if name in buffers else 4), (name, hex(a), hex(b))
+    assert dict((name, a) for a, name in regs)["n_decay"] == 0x48 and addrs[-1] == 0x6C
+    assert _rtl_localparams("REG")["status"] == 0x70

@@ -9,8 +9,8 @@
 // for throughput only: OpenCL vector arithmetic is per-component IEEE.
 //
 // Argument order (fpga/ARGS.md; the same for the HLS and RTL kernels):
-// buffers first, then n and k, then the step scalars in the contract's table
-// order.
+// buffers first, then n and k (and n_decay for the update), then the step
+// scalars in the contract's table order.
 //
 // Work split: vector j holds elements [VW j, VW j + VW) (VW below), and the
 // n % VW tail is done element by element. A kernel cuts its n / VW vectors
@@ -47,6 +47,8 @@
 #define vstore_halfV_rte vstore_half8_rte
 #define convert_uintV convert_uint8
 #define convert_ushortV convert_ushort8
+#define intV int8
+#define LANES ((int8)(0, 1, 2, 3, 4, 5, 6, 7))   /* each lane's index in its vector */
 #define as_floatV as_float8
 #define as_floatH as_float4
 #define as_uintV as_uint8
@@ -60,6 +62,8 @@
 #define vstore_halfV_rte vstore_half16_rte
 #define convert_uintV convert_uint16
 #define convert_ushortV convert_ushort16
+#define intV int16
+#define LANES ((int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))
 #define as_floatV as_float16
 #define as_floatH as_float8
 #define as_uintV as_uint16
@@ -144,9 +148,10 @@ inline void storeVnt_f16(__global ushort *c, size_t j, floatV x) { storeV_f16(c,
 
 // ---------------------------------------------------------------- AdamW on one vector / element
 // The contract's order: every parenthesised product and each sum rounded on its own.
+// P1 is p1 as the decay boundary makes it: p0 * decay below n_decay, p0 itself past it.
 
-#define ADAMW_BODY(T)                                                                  \
-    const T p1 = p0 * decay;                                                           \
+#define ADAMW_BODY(T, P1)                                                              \
+    const T p1 = (P1);                                                                 \
     const T m1 = (b1 * m0) + (omb1 * g);                                               \
     const T v1 = (b2 * v0) + (omb2 * (g * g));                                         \
     const T d = (sqrt(v1) * inv_bc2_sqrt) + eps;                                       \
@@ -254,11 +259,27 @@ EPS_CHECK(f16, ushort)
 #define FENCE_IF(nt) do { } while (0)
 #endif
 
+// One vector j of the update; P1 says how p1 comes from p0 (the decay boundary).
+#define UPDATE_V(G, C, j, P1)                                                          \
+    {                                                                                  \
+        REDUCEV(G, gr, j, n, k, acc)                                                   \
+        const floatV g = acc * inv_scale;                                              \
+        const floatV p0 = LOADF(j, p), m0 = LOADF(j, m), v0 = LOADF(j, v);             \
+        ADAMW_BODY(floatV, P1)                                                         \
+        STOREF(p2, j, p); STOREF(m1, j, m); STOREF(v1, j, v);                          \
+        STOREV_COPY(C, copy, j, p2, nt);                                               \
+    }
+
+// Parameter groups: elements [0, n_decay) are decayed, the rest keep p1 = p0 (no
+// multiply, exact). A chunk is walked in up to three runs so that the common loops
+// stay as they were: the whole vectors below the boundary, the one vector that
+// straddles it (n_decay % VW lanes decayed, a per-lane select), the whole vectors
+// past it. An n_decay above n acts as n (the host never passes one).
 #define EPS_UPDATE(G, GT, C, CT)                                                       \
 __kernel void eps_update_##G##_##C(                                                    \
         __global const GT *gr, __global float *p, __global float *m,                   \
         __global float *v, __global CT *copy, __global const int *finite,              \
-        const uint n, const uint k,                                                    \
+        const uint n, const uint k, const uint n_decay,                                \
         const float decay, const float b1, const float omb1, const float b2,           \
         const float omb2, const float inv_bc2_sqrt, const float eps,                   \
         const float neg_step, const float inv_scale) {                                 \
@@ -266,21 +287,22 @@ __kernel void eps_update_##G##_##C(                                             
     const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
     const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
     const int nt = STREAMING(C, copy, p);                                              \
-    for (size_t j = lo; j < hi; ++j) {                                                 \
-        REDUCEV(G, gr, j, n, k, acc)                                                   \
-        const floatV g = acc * inv_scale;                                              \
-        const floatV p0 = LOADF(j, p), m0 = LOADF(j, m), v0 = LOADF(j, v);             \
-        ADAMW_BODY(floatV)                                                             \
-        STOREF(p2, j, p); STOREF(m1, j, m); STOREF(v1, j, v);                          \
-        STOREV_COPY(C, copy, j, p2, nt);                                               \
+    const size_t jd = n_decay / VW;          /* the first vector not wholly decayed */ \
+    const int straddle = (int)(n_decay % VW); /* its decayed lanes */                  \
+    size_t j = lo;                                                                     \
+    for (const size_t e = min(hi, jd); j < e; ++j) UPDATE_V(G, C, j, p0 * decay)       \
+    if (j == jd && j < hi && straddle != 0) {                                          \
+        UPDATE_V(G, C, j, select(p0, p0 * decay, LANES < (intV)straddle))              \
+        ++j;                                                                           \
     }                                                                                  \
+    for (; j < hi; ++j) UPDATE_V(G, C, j, p0)                                          \
     FENCE_IF(nt);                                                                      \
     if (me == items - 1) {  /* the n % VW tail */                                      \
         for (size_t i = nv * VW; i < n; ++i) {                                         \
             REDUCE1(G, gr, i, n, k, acc)                                               \
             const float g = acc * inv_scale;                                           \
             const float p0 = p[i], m0 = m[i], v0 = v[i];                               \
-            ADAMW_BODY(float)                                                          \
+            ADAMW_BODY(float, i < n_decay ? p0 * decay : p0)                           \
             p[i] = p2; m[i] = m1; v[i] = v1;                                           \
             store1_##C(copy, i, p2);                                                   \
         }                                                                              \

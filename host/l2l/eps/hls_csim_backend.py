@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import UserError
-from .backend import EpsBackend, adoptable, read_only
+from .backend import EpsBackend, adoptable, check_step, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
@@ -61,7 +61,7 @@ MAX_N = (1 << 32) - 1  # n and k are 32-bit kernel arguments
 _ptr, _uint, _float = ctypes.c_void_p, ctypes.c_uint, ctypes.c_float
 _ARGTYPES = {
     "eps_check": [_ptr, _ptr, _uint, _uint, _float],
-    "eps_update": [_ptr] * 6 + [_uint, _uint] + [_float] * 9,
+    "eps_update": [_ptr] * 6 + [_uint, _uint, _uint] + [_float] * 9,  # n, k, n_decay, the step scalars
     "eps_copy": [_ptr, _ptr, _uint],
 }
 
@@ -253,9 +253,10 @@ class HlsCsimBackend(EpsBackend):
             store.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
-             copy_out: np.ndarray) -> bool:
+             copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         p, m, v = self._p[layer], self._m[layer], self._v[layer]
         n = p.shape[0]
+        check_step(grads, copy_out, n, n_decay)  # the shared contract, before any kernel runs
         block, k, gdtype = self._gradient_block(grads, n)
         c = self._check_copy(copy_out, n)
         g = GRAD_SUFFIX[gdtype]
@@ -263,7 +264,7 @@ class HlsCsimBackend(EpsBackend):
         flag = np.ones(1, np.int32)  # the host sets the flag; eps_check clears it
         self._fn[f"eps_check_{g}"](_addr(block), _addr(flag), n, k, scalars.inv_scale)
         self._fn[f"eps_update_{g}_{c}"](_addr(block), _addr(p), _addr(m), _addr(v), _addr(target), _addr(flag),
-                                        n, k, *scalars.as_tuple())
+                                        n, k, n if n_decay is None else n_decay, *scalars.as_tuple())
         finite = bool(flag[0])
         if finite and target is not copy_out:
             copy_out[...] = target

@@ -52,7 +52,7 @@ MIN_CHUNK = 1024
 CHUNKS_PER_CU = 64
 WORK_GROUP = 256
 LAUNCHES = ("auto", "chunks", "vectors", "task")
-KERNEL_ARGS = {"check": 5, "update": 17, "copy": 3}  # per fpga/ARGS.md
+KERNEL_ARGS = {"check": 5, "update": 18, "copy": 3}  # per fpga/ARGS.md (the update: with n_decay)
 # The buffer arguments of each kernel family, by their fpga/ARGS.md names: the argument a
 # device buffer is bound to when it is made (OpenCLBackend._bind).
 BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
@@ -576,10 +576,10 @@ class OpenCLBackend(EpsBackend):
         self._numel.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
-             copy_out: np.ndarray) -> bool:
+             copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         cl = self._cl
         n = self._numel[layer]
-        check_step(grads, copy_out, n)  # before anything is enqueued: a refused step writes nothing
+        check_step(grads, copy_out, n, n_decay)  # before anything is enqueued: a refused step writes nothing
         if n == 0:
             return True
         g, c, s = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype], scalars
@@ -590,8 +590,8 @@ class OpenCLBackend(EpsBackend):
         try:
             self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale, k=k)
             self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n),
-                         np.uint32(k), s.decay, s.b1, s.omb1, s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step,
-                         s.inv_scale)
+                         np.uint32(k), np.uint32(n if n_decay is None else n_decay), s.decay, s.b1, s.omb1,
+                         s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale)
             if target[1]:  # the copy is copy_out's own memory: a map (and unmap) hands it to the host
                 self._map(target[0], copy_out.nbytes).base.release()
             read = cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
