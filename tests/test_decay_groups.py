@@ -115,15 +115,19 @@ def test_twenty_steps_equal_torch_adamw_with_trainers_groups(engine, qwen2_run, 
     assert len(losses) == STEPS
     for step, (got, want) in enumerate(zip(losses, want_losses)):
         assert got == pytest.approx(want, rel=1e-5), step
-    # the final weights tensor by tensor: a decayed norm or bias would be off by ~1e-3 relative
+    # the final weights: all together within 1e-5, each tensor within 1e-4 (the least-moved drift
+    # most, relatively); a decayed norm or bias would be off by about 2e-3 (20 steps of lr * 0.1)
     stack, keys = checkpoint_keys(str(out / "model"))
     saved = load_latest(out)
+    diff = total = 0.0
     for e in range(stack.num_entries):
         flat = saved.tensors[f"layer{e}.p"]
         for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
-            got = flat[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
-            want = want_weights[key]
-            assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), key
+            got = flat[slot.offset:slot.offset + slot.numel].reshape(slot.shape).astype(np.float64)
+            want = want_weights[key].astype(np.float64)
+            assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), key
+            diff, total = diff + np.sum((got - want) ** 2), total + np.sum(want ** 2)
+    assert (diff / total) ** 0.5 <= 1e-5
 
 
 def test_resume_refuses_another_grouping(qwen2_run, tmp_path):
