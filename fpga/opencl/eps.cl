@@ -132,6 +132,14 @@ inline void store1_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(
 // (__builtin_nontemporal_store crashes PoCL 3.1's compiler, hence inline
 // assembly.)
 
+// A streaming store takes a whole register: a ymm (AVX) for float8, a zmm (AVX-512) for
+// float16. A target compiled without it (PoCL's generic CPU target, where its LLVM does not
+// know the host's CPU model, still prefers float16) keeps plain stores, and eps_features
+// tells the host so.
+#if defined(L2L_NT_STORES) && ((VW == 16 && !defined(__AVX512F__)) || (VW == 8 && !defined(__AVX__)))
+#undef L2L_NT_STORES
+#endif
+
 #ifdef L2L_NT_STORES
 #define NT_ALIGN_f32 (4 * VW - 1)   /* a whole vector register: 32 or 64 bytes */
 #define NT_ALIGN_bf16 (2 * VW - 1)
@@ -333,3 +341,13 @@ __kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uin
 EPS_COPY(f32, float)
 EPS_COPY(bf16, ushort)
 EPS_COPY(f16, ushort)
+
+// ---------------------------------------------------------------- what was built
+// features[0]: 1 when the update writes the device copy with streaming stores.
+__kernel void eps_features(__global int *features) {
+#ifdef L2L_NT_STORES
+    features[0] = 1;
+#else
+    features[0] = 0;
+#endif
+}
