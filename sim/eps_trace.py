@@ -97,8 +97,9 @@ class RecordingBackend(EpsBackend):
     With ``poison``, the gradient block of that one update is copied, the chosen
     element set, and the copy handed to ``inner`` and recorded: the server's
     inbox is not written (it is the server's, and reused). ``decay_split``
-    (``{layer: n_decay}``) is the boundary used for a layer whose ``step`` came
-    without one; a boundary the caller passed is forwarded as it is.
+    (``{layer: n_decay}``) replaces the boundary of those layers (one the model's own
+    parameter groups do not hit: mid-beat, a burst edge); every other layer's boundary,
+    the server's, is forwarded as it is.
     """
 
     name = "recording"
@@ -117,8 +118,7 @@ class RecordingBackend(EpsBackend):
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         p, m, v = self.inner.read_state(layer)
-        if n_decay is None:
-            n_decay = self.decay_split.get(layer)
+        n_decay = self.decay_split.get(layer, n_decay)
         g = np.array(np.stack([np.asarray(x) for x in grads]) if not isinstance(grads, np.ndarray)
                      else grads, copy=True)
         at = self._count.get(layer, 0)

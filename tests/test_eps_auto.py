@@ -157,8 +157,16 @@ def _cpu_platforms() -> list[int]:
 @pytest.mark.parametrize("platform", _cpu_platforms() or [None])
 def test_every_opencl_cpu_platform_here_gives_the_numpy_bits(platform):
     """Whichever CPU platform auto finds first (Debian's PoCL, PyPI's pocl-binary-distribution),
-    the EPS's bits are NumPy's: three steps of a layer of several chunks, fp32 and bf16 copies."""
+    the EPS's bits are NumPy's: three steps of a layer of several chunks, fp32 and bf16 copies.
+    Each in a process of its own, as a run uses one: two PoCLs, each with its own LLVM,
+    building and running kernels in one process have crashed it."""
     assert platform is not None, "no OpenCL CPU platform: make setup installs one"
+    r = run_python("-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                   f"import test_eps_auto; test_eps_auto.same_bits_on({platform})", fresh=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def same_bits_on(platform: int) -> None:
     import numpy as np
     from l2l.eps import AdamWHyper, OpenCLBackend, StepScalars
     from l2l.eps.numerics import COPY_DTYPES

@@ -78,7 +78,7 @@ class RecordingBackend(NumpyBackend):
         self.release = threading.Event()
         self.calls: list[tuple[int, str, StepScalars]] = []
 
-    def step(self, layer, grads, scalars, copy_out):
+    def step(self, layer, grads, scalars, copy_out, n_decay=None):
         self.calls.append((layer, threading.current_thread().name, scalars))
         if layer in self.gated:
             self.entered.set()
@@ -86,7 +86,7 @@ class RecordingBackend(NumpyBackend):
                 raise RuntimeError("test never released the gate")
         if layer in self.fail:
             raise RuntimeError(f"boom in layer {layer}")
-        return super().step(layer, grads, scalars, copy_out)
+        return super().step(layer, grads, scalars, copy_out, n_decay)
 
 
 class Reference:
@@ -521,7 +521,7 @@ def test_state_tensors_waits_for_pending_updates():
         th.join(TIMEOUT)
         assert not th.is_alive() and "error" not in box
         assert not np.array_equal(box["value"]["layer0.p"], np.ones(8, np.float32))
-        assert srv.state_meta() == {"steps": {"0": 1}}
+        assert srv.state_meta() == {"steps": {"0": 1}, "n_decay": {"0": 8}}
     finally:
         be.release.set()
         call(srv.close)

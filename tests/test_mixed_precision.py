@@ -67,13 +67,13 @@ class OverflowAt(NumpyBackend):
         super().__init__()
         self.layer, self.update, self.count = layer, update, 0
 
-    def step(self, layer, grads, scalars, copy_out):
+    def step(self, layer, grads, scalars, copy_out, n_decay=None):
         if layer == self.layer:
             self.count += 1
             if self.count == self.update:
                 grads = np.array(grads, copy=True)
                 grads[0][3] = np.inf
-        return super().step(layer, grads, scalars, copy_out)
+        return super().step(layer, grads, scalars, copy_out, n_decay)
 
 
 def test_injected_overflow_skips_that_layer_only_and_backs_off(corpus):

@@ -23,10 +23,10 @@ class GatedBackend(NumpyBackend):
         self.gate = threading.Event()
         self.timed_out = False
 
-    def step(self, layer, grads, scalars, copy_out):
+    def step(self, layer, grads, scalars, copy_out, n_decay=None):
         if layer == self.post and not self.gate.wait(timeout=30):
             self.timed_out = True
-        return super().step(layer, grads, scalars, copy_out)
+        return super().step(layer, grads, scalars, copy_out, n_decay)
 
 
 def test_backward_continues_while_update_is_pending(corpus):
@@ -51,10 +51,10 @@ def test_backward_continues_while_update_is_pending(corpus):
 
 
 class FailingBackend(NumpyBackend):
-    def step(self, layer, grads, scalars, copy_out):
+    def step(self, layer, grads, scalars, copy_out, n_decay=None):
         if layer == 3:
             raise MemoryError("card DRAM gone")
-        return super().step(layer, grads, scalars, copy_out)
+        return super().step(layer, grads, scalars, copy_out, n_decay)
 
 
 def test_worker_error_surfaces_in_the_training_loop(corpus):

@@ -71,6 +71,13 @@
 #else
 #error "VW must be 8 or 16"
 #endif
+// float16 on an x86 target without AVX-512 (PoCL 3.0's generic CPU target, where its LLVM
+// does not know the host's CPU model, still prefers float16) builds into no kernels and
+// leaves that PoCL unable to exit cleanly: refuse it here, before any code is made, and
+// the host builds float8 instead (opencl_backend.py).
+#if VW == 16 && defined(__x86_64__) && !defined(__AVX512F__)
+#error "VW=16 needs AVX-512 on an x86 target"
+#endif
 
 // Whole-vector loads and stores at element alignment: one unaligned vector
 // instruction each (vmovups). PoCL 3.1's vload16/vstore16 split each access
@@ -132,11 +139,9 @@ inline void store1_f16(__global ushort *c, size_t i, float x) { vstore_half_rte(
 // (__builtin_nontemporal_store crashes PoCL 3.1's compiler, hence inline
 // assembly.)
 
-// A streaming store takes a whole register: a ymm (AVX) for float8, a zmm (AVX-512) for
-// float16. A target compiled without it (PoCL's generic CPU target, where its LLVM does not
-// know the host's CPU model, still prefers float16) keeps plain stores, and eps_features
-// tells the host so.
-#if defined(L2L_NT_STORES) && ((VW == 16 && !defined(__AVX512F__)) || (VW == 8 && !defined(__AVX__)))
+// A streaming store takes a whole register: a ymm (AVX) for float8 (float16 is only built
+// with AVX-512, above). A target compiled without AVX keeps plain stores.
+#if defined(L2L_NT_STORES) && VW == 8 && !defined(__AVX__)
 #undef L2L_NT_STORES
 #endif
 
@@ -341,13 +346,3 @@ __kernel void eps_copy_##C(__global const float *p, __global CT *copy, const uin
 EPS_COPY(f32, float)
 EPS_COPY(bf16, ushort)
 EPS_COPY(f16, ushort)
-
-// ---------------------------------------------------------------- what was built
-// features[0]: 1 when the update writes the device copy with streaming stores.
-__kernel void eps_features(__global int *features) {
-#ifdef L2L_NT_STORES
-    features[0] = 1;
-#else
-    features[0] = 0;
-#endif
-}

@@ -256,10 +256,13 @@ class OpenCLBackend(EpsBackend):
         self.streaming_stores = False  # whether the built program writes the copy with streaming stores
         self.vector_width = vector_width or (BINARY_VECTOR if binary else
                                              16 if self.device.preferred_vector_width_float >= 16 else 8)
-        self.program = self._build(binary)
-        if binary is None and vector_width is None and self.vector_width == 16 and not self._has_kernels():
-            # PoCL 3.0's generic CPU target (its LLVM does not know this CPU model) reports a
-            # preferred float16 but, without AVX-512, "builds" the float16 source into no kernels
+        try:
+            self.program = self._build(binary)
+        except RuntimeError:
+            if binary is not None or vector_width is not None or self.vector_width != 16:
+                raise
+            # a device that prefers float16 on an x86 target without AVX-512 (PoCL 3.0's generic
+            # CPU target, where its LLVM does not know this CPU): eps.cl refuses VW=16 there
             self.vector_width = 8
             self.program = self._build(binary)
         self._kernels = {name: cl.Kernel(self.program, name) for name in self.program.kernel_names.split(";")}
@@ -300,8 +303,7 @@ class OpenCLBackend(EpsBackend):
             if self._streaming_stores_possible():
                 try:  # the x86 streaming-store path (eps.cl); a runtime that cannot build it gets the plain one
                     program = cl.Program(self.context, kernel_source()).build(options=options + [NT_OPTION])
-                    self.streaming_stores = "eps_features" in program.kernel_names.split(";") and \
-                        self._built_with_streaming_stores(program)
+                    self.streaming_stores = True
                     return program
                 except cl.RuntimeError:
                     pass
@@ -319,20 +321,6 @@ class OpenCLBackend(EpsBackend):
             return program.build(options=BUILD_OPTIONS)
         except cl.Error as exc:
             raise UserError(f"--cl-binary {binary}: not a program for {self.device.name.strip()} ({exc})") from None
-
-    def _has_kernels(self) -> bool:
-        return "eps_update_f32_f32" in self.program.kernel_names.split(";")
-
-    def _built_with_streaming_stores(self, program) -> bool:
-        """Whether ``program`` kept them: eps.cl drops them where the target lacks the register."""
-        cl = self._cl
-        out = np.zeros(1, np.int32)
-        buf = cl.Buffer(self.context, cl.mem_flags.WRITE_ONLY, out.nbytes)
-        queue = cl.CommandQueue(self.context, self.device)
-        program.eps_features(queue, (1,), (1,), buf)
-        cl.enqueue_copy(queue, out, buf)
-        queue.finish()
-        return bool(out[0])
 
     def _streaming_stores_possible(self) -> bool:
         """Whether the kernels may use x86 streaming stores: the device is this x86 host's
