@@ -168,10 +168,6 @@ class EagerParamServer:
         """The decay boundary of the part of the entry this EPS keeps (a sharded EPS: its slice's)."""
         return self._n_decay[layer]
 
-    def n_decay(self, layer: int) -> int:
-        """The entry's decay boundary: its first ``n_decay`` elements are weight-decayed."""
-        return self._n_decay[layer]
-
     def _fill_copy(self, layer: int, p: np.ndarray) -> None:
         """Write the layer's device copy of its masters ``p`` (just allocated or loaded)."""
         if self._on_backend(layer):

@@ -24,7 +24,3 @@ def no_decay_names(module: nn.Module) -> frozenset[str]:
     return frozenset(name for name, p in module.named_parameters()
                      if id(p) in in_norm or any(pat.search(name.lower()) for pat in NO_DECAY_PATTERNS))
 
-
-def is_decayed(name: str) -> bool:
-    """Whether a parameter of this name (outside any ``nn.LayerNorm``) is decayed."""
-    return not any(pat.search(name.lower()) for pat in NO_DECAY_PATTERNS)
