@@ -83,8 +83,9 @@ def test_the_ledger_matches_the_schedule_and_the_kernel(tmp_path):
         return  # no block device under the temp dir (tmpfs): nothing to compare with
     slack = 1 << 20
     # code pages: under the suite's parallel load the kernel may evict the interpreter's and read
-    # them back during the run (a clean clone's make test measured 3.2 MB over the ledger)
-    code_pages = 4 << 20
+    # them back during the run (clean clones' make test measured 3.2 MB, and 6.4 MB once, over
+    # the ledger; the ledger's own reads are 36 MB here, so a missed state read still shows)
+    code_pages = 8 << 20
     assert led["read_bytes"] - slack <= kernel_read <= 1.03 * led["read_bytes"] + slack + code_pages, \
         (kernel_read, led["read_bytes"])
     assert led["write_bytes"] + out_bytes - slack <= kernel_write <= 1.03 * (led["write_bytes"] + out_bytes) + slack, \
