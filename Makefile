@@ -38,8 +38,13 @@ $(VENV)/.setup: pyproject.toml | $(BIN)/python
 	touch $@
 
 # Not on top of .setup: one pip run installs the test extras with everything make train needs.
+# timm is a test reference (its Lion and Lamb), installed without its dependencies: it requires
+# torchvision, whose PyPI wheel is built against PyPI's CUDA torch and, beside a CPU-only torch,
+# breaks every transformers import. The tests load timm's optimizer modules alone (torch only).
+TIMM ?= timm>=1.0.31,<2
 $(VENV)/.setup-test: pyproject.toml | $(BIN)/python
 	$(PIP) $(NEED_TORCH) -e '.[hf,opencl,test]'
+	$(PIP) --no-deps '$(TIMM)'
 	@$(MAKE) --no-print-directory opencl-platform
 	@$(MAKE) --no-print-directory rtl-tools
 	touch $(VENV)/.setup $@

@@ -162,13 +162,13 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     import torch
 
     from l2l.data import BatchSampler, load_corpus
-    from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+    from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend
     from l2l.models import ModelConfig, build_stack, family
     from l2l.relay.engine import RelayEngine
 
     cfg = ModelConfig(family="gpt", layers=layers, d_model=d_model, heads=heads, seq_len=seq_len, dropout=0.0)
     rec = RecordingBackend(NumpyBackend(), poison, decay_split)
-    eps = EagerParamServer(rec, AdamWHyper(lr=lr), copy_dtype=precision, grad_dtype=precision,
+    eps = EagerParamServer(rec, OptimizerHyper(lr=lr), copy_dtype=precision, grad_dtype=precision,
                            contributors=contributors)
     cpu = torch.device("cpu")
     if contributors == 1:

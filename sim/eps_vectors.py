@@ -31,7 +31,7 @@ _TESTS = Path(__file__).resolve().parents[1] / "tests"
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
-from l2l.eps import AdamWHyper, StepScalars  # noqa: E402
+from l2l.eps import OptimizerHyper, StepScalars  # noqa: E402
 from l2l.eps import numerics  # noqa: E402
 from l2l.eps.numerics import COPY_DTYPES  # noqa: E402
 
@@ -257,7 +257,7 @@ def train(rng, n, K, gdtype):
     grad_bits = [round_bits(r, fmt)[0] for r in real]
     if gdtype == "bf16":
         grad_bits = [b >> np.uint64(16) for b in grad_bits]
-    s = StepScalars.compute(AdamWHyper(), int(rng.integers(1, 20)),
+    s = StepScalars.compute(OptimizerHyper(), int(rng.integers(1, 20)),
                             loss_scale=1024.0 if gdtype == "fp16" else 1.0, divisor=float(K))
     return Case("train", p, m, v, grad_bits, gdtype, s)
 

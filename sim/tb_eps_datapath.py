@@ -31,7 +31,7 @@ from cocotb.triggers import Event, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 import eps_vectors as ev
-from l2l.eps import AdamWHyper, StepScalars
+from l2l.eps import OptimizerHyper, StepScalars
 
 CFG = json.loads(os.environ.get("L2L_TB_CONFIG", "{}"))
 
@@ -617,7 +617,7 @@ async def adamw_multistep(dut):
     p = np.concatenate([(rng.standard_normal(half) * 0.02), ev.wide_f32(rng, n - half)]).astype(np.float32)
     m = np.zeros(n, np.float32)
     v = np.zeros(n, np.float32)
-    hyper = AdamWHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    hyper = OptimizerHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
     gdtype = cfg("multistep_gdtype", "bf16")
     K = 2
     p0 = p.copy()

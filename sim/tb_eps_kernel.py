@@ -398,7 +398,7 @@ async def test_edge_args(dut):
     await tb.reset()
     ctrl = await tb.axil.read_dword(REG_CTRL)
     assert ctrl == AP_IDLE, hex(ctrl)
-    s = StepScalars.compute(ev.AdamWHyper(), 1)
+    s = StepScalars.compute(ev.OptimizerHyper(), 1)
     n = 3 * tb.lanes + 1
     case = ev.make_case("train", tb.nprng, n, 2, tb.gdtype)
     lay = tb.layout(n, 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from l2l.data import BatchSampler, load_corpus
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack, family
 from l2l.baseline import PlainEngine
 from l2l.relay.engine import RelayEngine
@@ -58,6 +58,27 @@ def trainer_decay_names():
     return lambda model: set(Trainer.get_decay_parameter_names(None, model))
 
 
+def timm_optimizers():
+    """timm's own ``Lion`` and ``Lamb`` classes, the references for l2l's, imported without the
+    rest of timm: its package imports torchvision, which a CPU-only torch cannot load (the
+    Makefile installs timm without dependencies). Its optimizer modules need torch alone."""
+    import importlib.util
+    import sys
+    import types
+    if "timm.optim.lion" not in sys.modules:
+        spec = importlib.util.find_spec("timm")
+        assert spec is not None, "timm is a test dependency: make setup-test installs it"
+        root = Path(spec.origin).parent
+        for name, path in (("timm", root), ("timm.optim", root / "optim")):
+            if name not in sys.modules:  # a bare package: timm's own modules, not its __init__
+                pkg = types.ModuleType(name)
+                pkg.__path__ = [str(path)]
+                sys.modules[name] = pkg
+    from timm.optim.lamb import Lamb
+    from timm.optim.lion import Lion
+    return Lion, Lamb
+
+
 def adamw_with_trainer_groups(model, decayed: set[str], *, weight_decay: float, **kw):
     """torch.optim.AdamW over ``model`` with Trainer's two groups: ``decayed`` and the rest."""
     import torch
@@ -71,13 +92,13 @@ def sampler_for(corpus, cfg: ModelConfig, batch_size: int, seed: int = 0) -> Bat
     return BatchSampler(corpus.train, cfg.seq_len, batch_size, family(cfg.family).objective, seed=seed)
 
 
-def relay(cfg: ModelConfig, hyper: AdamWHyper, *, micro_batches: int, seed: int = 0,
+def relay(cfg: ModelConfig, hyper: OptimizerHyper, *, micro_batches: int, seed: int = 0,
           stash: str = "device", backend=None) -> RelayEngine:
     eps = EagerParamServer(backend or NumpyBackend(), hyper)
     return RelayEngine(build_stack(cfg, seed), eps, CPU, micro_batches=micro_batches, stash=stash, seed=seed)
 
 
-def plain(cfg: ModelConfig, hyper: AdamWHyper, *, seed: int = 0, checkpointing: bool = False) -> PlainEngine:
+def plain(cfg: ModelConfig, hyper: OptimizerHyper, *, seed: int = 0, checkpointing: bool = False) -> PlainEngine:
     return PlainEngine(build_stack(cfg, seed), hyper, CPU, checkpointing=checkpointing)
 
 

@@ -35,7 +35,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from l2l.eps import AdamWHyper, StepScalars
+from l2l.eps import LionScalars, OptimizerHyper, StepScalars
 
 # --------------------------------------------------------------------------
 # The oracle
@@ -162,6 +162,23 @@ class Oracle:
             p2 = r(p1 + ns, "p'")
         return p2, m2, v2
 
+    def lion(self, p, m, g, s: LionScalars, n_decay: int | None = None):
+        """docs/eps-numerics.md "Lion update": the step's sign decided on the rounded ``c``."""
+        r = self.r
+        f = {k: float(val) for k, val in zip(LionScalars.names(), s.as_tuple())}
+        n_decay = p.shape[0] if n_decay is None else n_decay
+        with np.errstate(all="ignore"):
+            p1 = np.concatenate([r(p[:n_decay] * f["decay"], "p1"), p[n_decay:]])
+            b1m = r(f["b1"] * m, "b1m")
+            omb1g = r(f["omb1"] * g, "omb1g")
+            c = r(b1m + omb1g, "c")
+            up, down = r(p1 + f["neg_lr"], "p'+"), r(p1 - f["neg_lr"], "p'-")
+            p2 = np.where(c > 0, up, np.where(c < 0, down, p1))
+            b2m = r(f["b2"] * m, "b2m")
+            omb2g = r(f["omb2"] * g, "omb2g")
+            m2 = r(b2m + omb2g, "m'")
+        return p2, m2
+
     def copy_bits(self, p, cdtype: str):
         if cdtype == "bf16":
             f32bits, _ = round_bits(p, "fp32")  # identity on binary32 values
@@ -252,9 +269,9 @@ def custom_scalars(**kw) -> StepScalars:
 # hyper-parameters, special values, ties
 # --------------------------------------------------------------------------
 
-HYPERS = [AdamWHyper(), AdamWHyper(lr=3e-4, beta1=0.95, beta2=0.98, eps=1e-6, weight_decay=0.1),
-          AdamWHyper(lr=0.1, beta1=0.5, beta2=0.9999, eps=1e-12, weight_decay=0.0),
-          AdamWHyper(lr=1.7e-5, beta1=0.0, beta2=0.0, eps=1e-30, weight_decay=1e-4)]
+HYPERS = [OptimizerHyper(), OptimizerHyper(lr=3e-4, beta1=0.95, beta2=0.98, eps=1e-6, weight_decay=0.1),
+          OptimizerHyper(lr=0.1, beta1=0.5, beta2=0.9999, eps=1e-12, weight_decay=0.0),
+          OptimizerHyper(lr=1.7e-5, beta1=0.0, beta2=0.0, eps=1e-30, weight_decay=1e-4)]
 
 
 def specials(signed: bool, fmt="fp32"):
@@ -272,9 +289,9 @@ def specials(signed: bool, fmt="fp32"):
 
 
 SPECIAL_SCALARS = {
-    "default-t1": StepScalars.compute(AdamWHyper(), 1),
-    "big-t1000": StepScalars.compute(AdamWHyper(lr=0.1, weight_decay=0.1), 1000, 1024.0, 2.0),
-    "no-decay": StepScalars.compute(AdamWHyper(weight_decay=0.0), 3),
+    "default-t1": StepScalars.compute(OptimizerHyper(), 1),
+    "big-t1000": StepScalars.compute(OptimizerHyper(lr=0.1, weight_decay=0.1), 1000, 1024.0, 2.0),
+    "no-decay": StepScalars.compute(OptimizerHyper(weight_decay=0.0), 3),
     "subnormal-eps": custom_scalars(eps=2.0 ** -149, inv_bc2_sqrt=2.0 ** -20, neg_step=-1e-30),
     "zero-eps": custom_scalars(eps=0.0, decay=0.5, b1=1.0, omb1=2.0 ** -100),
 }
@@ -325,7 +342,7 @@ MAX_BITS = {"fp32": 0x7F7FFFFF, "bf16": 0x7F7F, "fp16": 0x7BFF}
 def nonfinite_grads(rng, n, case, K, gdtype, i):
     """Gradient bit patterns whose reduced g is non-finite at element ``i`` (and the scalars)."""
     grad_bits = [wide_grad_bits(rng, n, gdtype, max_abs=1e30) for _ in range(K)]
-    s = StepScalars.compute(AdamWHyper(), 1, divisor=float(K))
+    s = StepScalars.compute(OptimizerHyper(), 1, divisor=float(K))
     if case == "+inf":
         grad_bits[K - 1][i] = INF_BITS[gdtype]
     elif case == "-inf":

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 
-from l2l.eps.contract import StepScalars
+from l2l.eps.contract import LionScalars, StepScalars
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = "docs/eps-numerics.md"
@@ -56,3 +56,10 @@ def test_doc_has_the_sections_the_sources_cite():
                   "How it is tested"]:
         _section(text, title)
     assert "### What the tests must cover" in text  # cited by sim/eps_vectors.py
+
+
+def test_lion_scalar_table_names_the_dataclass_fields():
+    section = _section((ROOT / DOC).read_text(encoding="utf-8"), "Lion update")
+    names = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    fields = [f.name for f in dataclasses.fields(LionScalars)]
+    assert names == fields, f"{DOC} 'Lion update' table: {names}, LionScalars: {fields}"

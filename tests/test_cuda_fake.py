@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend
 from l2l.models import Layer, LayerStack, ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
 from l2l.relay.parallel import DataParallelRelay
@@ -28,7 +28,7 @@ from transport_mutants import STREAMS, Switch, name_streams, routed_transport
 from conftest import CPU, sampler_for
 
 CFG = ModelConfig(layers=3, d_model=32, heads=2, seq_len=16, dropout=0.1)
-HYPER = AdamWHyper(lr=3e-3)
+HYPER = OptimizerHyper(lr=3e-3)
 STEPS = 3
 
 

@@ -168,7 +168,7 @@ def test_every_opencl_cpu_platform_here_gives_the_numpy_bits(platform):
 
 def same_bits_on(platform: int) -> None:
     import numpy as np
-    from l2l.eps import AdamWHyper, OpenCLBackend, StepScalars
+    from l2l.eps import OptimizerHyper, OpenCLBackend, StepScalars
     from l2l.eps.numerics import COPY_DTYPES
     rng = np.random.default_rng(platform)
     n = 70_001
@@ -179,7 +179,7 @@ def same_bits_on(platform: int) -> None:
             be.allocate(0, p0)
         for t, dtype in zip((1, 2, 3), ("fp32", "bf16", "fp32")):
             g = (rng.standard_normal((2, n), dtype=np.float32) * np.float32(1e-3))
-            s = StepScalars.compute(AdamWHyper(), t, loss_scale=4.0)
+            s = StepScalars.compute(OptimizerHyper(), t, loss_scale=4.0)
             copies = [np.empty(n, COPY_DTYPES[dtype]) for _ in range(2)]
             assert cl_be.step(0, g, s, copies[0]) and ref.step(0, g, s, copies[1])
             assert copies[0].view(np.uint8).tobytes() == copies[1].view(np.uint8).tobytes(), (platform, t)

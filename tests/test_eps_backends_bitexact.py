@@ -24,7 +24,7 @@ import itertools
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend, StepScalars
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend, StepScalars
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 
 from eps_oracle import (  # tests/ is on sys.path under pytest
@@ -326,7 +326,7 @@ def test_parameter_groups(backend):
     on one thread. A step without n_decay decays everything, as n_decay = n does."""
     n = UNDER_TEST[backend.name].groups_n
     boundaries = _decay_boundaries(backend, n)
-    hyper = AdamWHyper(lr=1e-2, weight_decay=0.1)  # decay 0.999: p * decay != p for every normal p
+    hyper = OptimizerHyper(lr=1e-2, weight_decay=0.1)  # decay 0.999: p * decay != p for every normal p
     rng = rng_for(backend, "groups")
     for K in (1, 2):
         tw = Twin(backend, *wide_state(rng, n))
@@ -345,7 +345,7 @@ def test_bad_decay_boundary_refused(backend):
     rng = rng_for(backend, "bad-n-decay")
     n = 300
     tw = Twin(backend, *wide_state(rng, n))
-    s = StepScalars.compute(AdamWHyper(weight_decay=0.1), 1)
+    s = StepScalars.compute(OptimizerHyper(weight_decay=0.1), 1)
     g = [grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")]
     for nd in (-1, n + 1, 1 << 32):
         for be in (tw.ref, tw.dut):
@@ -380,7 +380,7 @@ def test_nonfinite_gradient_changes_nothing(backend, case, K, gdtype):
             assert_same(got, {"p": p, "m": m, "v": v}[name], f"{case}: {backend.name} {name} changed")
         assert_same(copies[1], sentinel(n, cdtype), f"{case}: device copy written")
         ok_bits = [wide_grad_bits(rng, n, gdtype) for _ in range(K)]
-        tw.step(grads_of(ok_bits, gdtype), StepScalars.compute(AdamWHyper(), 1, divisor=float(K)), cdtype,
+        tw.step(grads_of(ok_bits, gdtype), StepScalars.compute(OptimizerHyper(), 1, divisor=float(K)), cdtype,
                 f"finite step after {case}", expect_finite=True, form=form, copies=copies)
 
 
@@ -420,7 +420,7 @@ def test_long_run(backend, gdtype, K, cdtype, n, persistent):
     tw.write_copy(cdtype, "initial copy")
     block = np.zeros((K, n), GRAD_DTYPES[gdtype])
     copies = (sentinel(n, cdtype), sentinel(n, cdtype)) if persistent else None
-    hyper = AdamWHyper()
+    hyper = OptimizerHyper()
     loss_scale = 1024.0 if gdtype == "fp16" else 1.0
     t = 0
     for step in range(1, 13):
@@ -455,7 +455,7 @@ def test_interleaved_layers(backend):
             tw, gdtype, K, cdtype = twins[j]
             grads = [grad_array(wide_grad_bits(rng, tw.n, gdtype), gdtype) for _ in range(K)]
             form = FORMS[(t + j) % len(FORMS)]
-            tw.step(grads, StepScalars.compute(AdamWHyper(), t, divisor=float(K)), cdtype,
+            tw.step(grads, StepScalars.compute(OptimizerHyper(), t, divisor=float(K)), cdtype,
                     f"interleaved layer {j} step {t} {form}", expect_finite=True, form=form)
 
 
@@ -473,7 +473,7 @@ def test_unaligned_host_arrays(backend, offset):
         tw = Twin(backend, *wide_state(rng, n))
         for t in range(1, 6):
             block[...] = np.stack([grad_array(wide_grad_bits(rng, n, gdtype), gdtype) for _ in range(K)])
-            tw.step(block, StepScalars.compute(AdamWHyper(), t, divisor=float(K)), cdtype,
+            tw.step(block, StepScalars.compute(OptimizerHyper(), t, divisor=float(K)), cdtype,
                     f"offset {offset} {gdtype}->{cdtype} t={t}", expect_finite=True, form="given", copies=copies)
             for c in craw:  # nothing written outside the view
                 assert not bits_of(c[:offset]).any() and not bits_of(c[offset + n:]).any()
@@ -484,7 +484,7 @@ def test_bad_gradient_shape_changes_nothing(backend):
     rng = rng_for(backend, "bad-shape")
     n = 300
     tw = Twin(backend, *wide_state(rng, n))
-    s = StepScalars.compute(AdamWHyper(), 1)
+    s = StepScalars.compute(OptimizerHyper(), 1)
     for grads in ([np.ones(n - 1, np.float32)], np.ones((2, n + 8), np.float32)):
         for be in (tw.ref, tw.dut):
             copy = sentinel(n, "fp32")
@@ -505,7 +505,7 @@ def test_strided_copy_out(backend):
     n = 37
     tw = Twin(backend, *wide_state(rng, n))
     wide = [sentinel(2 * n, "fp16") for _ in range(2)]
-    tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], StepScalars.compute(AdamWHyper(), 1), "fp16",
+    tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], StepScalars.compute(OptimizerHyper(), 1), "fp16",
             "strided copy_out", expect_finite=True, copies=(wide[0][::2], wide[1][::2]))
     assert_same(wide[1], wide[0], "strided copy_out with the gaps")
     for be, w in zip((tw.ref, tw.dut), wide):
@@ -549,7 +549,7 @@ def test_read_state_round_trip(backend):
         assert np.array_equal(bits_of(got), bits_of(want)), f"{name} changed by a rejected write_state"
     # and the loaded state updates like NumPy's (NaN and inf in the state included)
     tw = Twin(backend, state[0], state[1], state[2])
-    tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], StepScalars.compute(AdamWHyper(), 3), "fp16",
+    tw.step([grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")], StepScalars.compute(OptimizerHyper(), 3), "fp16",
             "update from a bit-pattern state")
 
 
@@ -557,7 +557,7 @@ def test_read_state_round_trip(backend):
 # through the eager param-server
 # --------------------------------------------------------------------------
 
-SERVER_HYPER = AdamWHyper(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
+SERVER_HYPER = OptimizerHyper(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
 
 
 def _assert_servers_agree(ref, got, layers, what):
@@ -687,7 +687,7 @@ def test_empty_layer(backend):
     """n = 0: nothing to do, finite; no zero-length device buffer is ever asked for."""
     for gdtype, cdtype in itertools.product(DTYPES, DTYPES):
         tw = Twin(backend, np.zeros(0, np.float32))
-        tw.step([np.zeros(0, GRAD_DTYPES[gdtype])] * 2, StepScalars.compute(AdamWHyper(), 1), cdtype,
+        tw.step([np.zeros(0, GRAD_DTYPES[gdtype])] * 2, StepScalars.compute(OptimizerHyper(), 1), cdtype,
                 f"n=0 {gdtype}->{cdtype}", expect_finite=True)
         tw.write_copy(cdtype, "n=0")
 
@@ -699,7 +699,7 @@ def test_malformed_step_refused(backend):
     rng = np.random.default_rng(821)
     n = 300
     tw = Twin(backend, *wide_state(rng, n))
-    s = StepScalars.compute(AdamWHyper(), 1)
+    s = StepScalars.compute(OptimizerHyper(), 1)
     copy = sentinel(n, "fp32")
     for grads, out in (([np.ones(n, np.float32), np.ones(n, np.float16)], copy), ([], copy),
                        ([np.ones(n, np.float64)], copy), ([np.ones(n, np.float32)], np.zeros(n, np.float64)),

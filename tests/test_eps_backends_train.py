@@ -8,7 +8,7 @@ import pyopencl as cl
 import pytest
 
 from l2l.checkpoint import load_latest
-from l2l.eps import AdamWHyper, HlsCsimBackend, NumpyBackend, OpenCLBackend, StepScalars
+from l2l.eps import OptimizerHyper, HlsCsimBackend, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps.numerics import COPY_DTYPES
 from l2l.eps.opencl_backend import BUILD_OPTIONS, kernel_source
 from l2l.errors import UserError
@@ -45,7 +45,7 @@ def program_binary(tmp_path_factory):
 @pytest.mark.parametrize("family", ["gpt", "hf-bert"])
 def test_per_step_losses_and_weights_are_identical(corpus, family, backend):
     cfg = ModelConfig(family=family, layers=2, d_model=32, heads=2, seq_len=32, dropout=0.1)
-    hyper = AdamWHyper(lr=2e-3)
+    hyper = OptimizerHyper(lr=2e-3)
     sampler = sampler_for(corpus, cfg, batch_size=8)
     a = relay(cfg, hyper, micro_batches=4, backend=NumpyBackend())
     b = relay(cfg, hyper, micro_batches=4, backend=backend())
@@ -143,7 +143,7 @@ def test_every_launch_shape_gives_the_same_bits(launch, vector_width):
         ref.allocate(layer, p)
         for t in range(1, 4):
             grads = rng.standard_normal((2, n)).astype(np.float32)
-            s = StepScalars.compute(AdamWHyper(), t, divisor=2.0)
+            s = StepScalars.compute(OptimizerHyper(), t, divisor=2.0)
             a, b = np.empty(n, np.float32), np.empty(n, np.float32)
             assert backend.step(layer, grads, s, a) and ref.step(layer, grads, s, b)
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, NumpyBackend, StepScalars
+from l2l.eps import OptimizerHyper, NumpyBackend, StepScalars
 from l2l.eps import numerics
 from l2l.eps.numerics import CHUNK, COPY_DTYPES, GRAD_DTYPES
 
@@ -127,7 +127,7 @@ def test_oracle_rounding_against_struct():
         assert (math.isnan(want) and math.isnan(w[i])) or w[i] == want, i
 
 
-def _scalars_oracle(h: AdamWHyper, t: int, loss_scale: float, divisor: float) -> dict:
+def _scalars_oracle(h: OptimizerHyper, t: int, loss_scale: float, divisor: float) -> dict:
     f64 = np.float64
     one = f64(1.0)
     vals = {
@@ -164,7 +164,7 @@ def test_step_scalars_table(hi):
 
 def test_step_scalars_reject_t0():
     with pytest.raises(ValueError):
-        StepScalars.compute(AdamWHyper(), 0)
+        StepScalars.compute(OptimizerHyper(), 0)
 
 
 # --------------------------------------------------------------------------
@@ -357,7 +357,7 @@ def test_long_run(gdtype, K, cdtype):
     n = CHUNK + 3
     half = n // 2
     p0 = np.concatenate([(rng.standard_normal(half) * 0.02), wide_f32(rng, n - half)]).astype(np.float32)
-    hyper = AdamWHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    hyper = OptimizerHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
     be = NumpyBackend()
     be.allocate(0, p0)
     copy = np.empty(n, COPY_DTYPES[cdtype])
@@ -399,7 +399,7 @@ def test_agrees_with_torch_adamw():
     import torch
     rng = np.random.default_rng(2024)
     n = 50_000
-    hyper = AdamWHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    hyper = OptimizerHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
     p0 = (rng.standard_normal(n) * 0.02).astype(np.float32)
     w = torch.nn.Parameter(torch.from_numpy(p0.copy()))
     opt = torch.optim.AdamW([w], lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps,
@@ -431,7 +431,7 @@ def test_one_unscaled_narrow_contribution_updates_from_itself(gdtype, bad):
     p, m = wide_f32(rng, n), wide_f32(rng, n)
     v = wide_f32(rng, n, nonneg=True)
     g = (rng.standard_normal(n) * 1e-2).astype(GRAD_DTYPES[gdtype])
-    s = StepScalars.compute(AdamWHyper(lr=1e-3), 3, 1.0, 1.0)
+    s = StepScalars.compute(OptimizerHyper(lr=1e-3), 3, 1.0, 1.0)
     assert s.inv_scale == np.float32(1) and numerics.unreduced([g], s.inv_scale, n) is g
     widened = np.empty(n, np.float32)
     assert numerics.reduce_gradients([g], s.inv_scale, widened)

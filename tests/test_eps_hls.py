@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, StepScalars
+from l2l.eps import OptimizerHyper, StepScalars
 from l2l.eps import hls_csim_backend as hcb
 from l2l.eps.hls_csim_backend import HlsCsimBackend
 from l2l.eps.opencl_backend import KERNEL_SOURCE as CL_SOURCE
@@ -61,7 +61,7 @@ def test_threads_share_one_backend(hls):
         r = np.random.default_rng(900 + j)
         for t in range(1, 6):
             grads = [grad_array(wide_grad_bits(r, 20_000, "bf16"), "bf16") for _ in range(3)]
-            twins[j].step(grads, StepScalars.compute(AdamWHyper(), t, divisor=3.0), "fp16",
+            twins[j].step(grads, StepScalars.compute(OptimizerHyper(), t, divisor=3.0), "fp16",
                           f"thread {j} step {t}", expect_finite=True)
 
     with ThreadPoolExecutor(2) as pool:
@@ -86,7 +86,7 @@ def test_update_kernel_writes_nothing_when_flag_clear(hls):
         flag = np.zeros(1, np.int32)
         fn = getattr(hls.lib, f"eps_update_{hcb.GRAD_SUFFIX[gr.dtype]}_{hcb.SUFFIX[copy.dtype]}")
         fn(gr.ctypes.data, *(a.ctypes.data for a in state), copy.ctypes.data, flag.ctypes.data, n, 2, n,
-           *StepScalars.compute(AdamWHyper(), 1).as_tuple())
+           *StepScalars.compute(OptimizerHyper(), 1).as_tuple())
         for a, b in zip(state, before):
             assert_same(a, b, f"{g}->{c}: state written with the flag clear")
         assert_same(copy, sentinel(n, c), f"{g}->{c}: copy written with the flag clear")
@@ -99,7 +99,7 @@ def test_update_kernel_decay_boundary_past_n_acts_as_n(hls):
     n = HLS_BLOCK + 5  # past n within the last block, and past a whole block
     gr = grad_array(wide_grad_bits(rng, n, "fp32"), "fp32")
     start = [wide_f32(rng, n) for _ in range(3)]
-    s = StepScalars.compute(AdamWHyper(lr=1e-2, weight_decay=0.1), 1).as_tuple()
+    s = StepScalars.compute(OptimizerHyper(lr=1e-2, weight_decay=0.1), 1).as_tuple()
     out = []
     for n_decay in (n, n + 1, HLS_BLOCK * 2, (1 << 32) - 1):
         state, copy, flag = [a.copy() for a in start], sentinel(n, "bf16"), np.ones(1, np.int32)
@@ -167,7 +167,7 @@ def test_a_backend_from_its_own_cache_agrees(tmp_path):
     rng = np.random.default_rng(830)
     tw = Twin(be, *wide_state(rng, 999))
     tw.step([grad_array(wide_grad_bits(rng, 999, "fp16"), "fp16") for _ in range(2)],
-            StepScalars.compute(AdamWHyper(), 2, divisor=2.0), "bf16", "own cache", expect_finite=True)
+            StepScalars.compute(OptimizerHyper(), 2, divisor=2.0), "bf16", "own cache", expect_finite=True)
 
 
 def test_no_compiler_is_one_line_user_error(monkeypatch, tmp_path):
@@ -290,7 +290,7 @@ def test_layer_over_several_blocks(hls):
     for t, (g, c, k, nd) in enumerate([("bf16", "fp16", 3, block + 5), ("fp32", "bf16", 1, 2 * block),
                                        ("fp16", "fp32", 2, None)], start=1):
         grads = [grad_array(wide_grad_bits(rng, n, g), g) for _ in range(k)]
-        tw.step(grads, StepScalars.compute(AdamWHyper(), t, divisor=float(k)), c, f"{n} elements, step {t}",
+        tw.step(grads, StepScalars.compute(OptimizerHyper(), t, divisor=float(k)), c, f"{n} elements, step {t}",
                 expect_finite=True, n_decay=nd)
     tw.write_copy("bf16", f"{n} elements")
     state = tw.dut.read_state(tw.layer)
@@ -298,7 +298,7 @@ def test_layer_over_several_blocks(hls):
         grads = [grad_array(wide_grad_bits(rng, n, "fp32"), "fp32") for _ in range(2)]
         grads[1][at] = np.float32(np.inf)
         copy = sentinel(n, "fp16")
-        assert tw.dut.step(tw.layer, grads, StepScalars.compute(AdamWHyper(), 4, divisor=2.0), copy) is False
+        assert tw.dut.step(tw.layer, grads, StepScalars.compute(OptimizerHyper(), 4, divisor=2.0), copy) is False
         for got, want, name in zip(tw.dut.read_state(tw.layer), state, "pmv"):
             assert_same(got, want, f"inf at {at}: {name} changed")
         assert_same(copy, sentinel(n, "fp16"), f"inf at {at}: device copy written")

@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, HlsCsimBackend, NumpyBackend, OpenCLBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, HlsCsimBackend, NumpyBackend, OpenCLBackend
 from l2l.eps.disk_tier import BLOCK, DiskTier, entry_file, file_bytes
 from l2l.eps.offload_backend import OffloadedBackend
 from l2l.errors import UserError
@@ -42,7 +42,7 @@ def run_id() -> str:
 def drive(backend, precision: str) -> dict:
     """Train the entries for STEPS steps in backward order; every copy, the state and step counts."""
     rng = np.random.default_rng(2024)
-    eps = EagerParamServer(backend, AdamWHyper(lr=1e-2, weight_decay=0.1), copy_dtype=precision,
+    eps = EagerParamServer(backend, OptimizerHyper(lr=1e-2, weight_decay=0.1), copy_dtype=precision,
                            grad_dtype=precision)
     for e, n in NUMELS.items():
         eps.add_layer(e, rng.standard_normal(n).astype(np.float32), users=2 if e == SHARED else 1)
@@ -120,7 +120,7 @@ def test_window_bounds_the_memory_held(tmp_path):
     n, entries, window = 5000, 12, 2
     tier = DiskTier(tmp_path / "eps", run_id(), {e: n for e in range(entries)})
     wrapped = OffloadedBackend(NumpyBackend(), tier, window=window)
-    eps = EagerParamServer(wrapped, AdamWHyper())
+    eps = EagerParamServer(wrapped, OptimizerHyper())
     rng = np.random.default_rng(1)
     for e in range(entries):
         eps.add_layer(e, rng.standard_normal(n).astype(np.float32))
@@ -140,7 +140,7 @@ def test_window_bounds_the_memory_held(tmp_path):
 def test_expect_reads_ahead_in_the_order_given(tmp_path):
     tier = DiskTier(tmp_path / "eps", run_id(), {e: 100 for e in range(6)})
     wrapped = OffloadedBackend(NumpyBackend(), tier, window=2)
-    eps = EagerParamServer(wrapped, AdamWHyper())
+    eps = EagerParamServer(wrapped, OptimizerHyper())
     for e in range(6):
         eps.add_layer(e, np.ones(100, np.float32))
     for _ in range(2):
@@ -267,7 +267,7 @@ def test_buffered_fallback_drops_its_pages(tmp_path, monkeypatch):
 def test_a_failed_write_surfaces_at_close(tmp_path, monkeypatch):
     tier = DiskTier(tmp_path, run_id(), {0: 100})
     wrapped = OffloadedBackend(NumpyBackend(), tier)
-    eps = EagerParamServer(wrapped, AdamWHyper())
+    eps = EagerParamServer(wrapped, OptimizerHyper())
     eps.add_layer(0, np.ones(100, np.float32))
 
     def broken(slab):
@@ -285,7 +285,7 @@ def test_a_write_failing_mid_run_is_raised_once_as_itself(tmp_path, monkeypatch)
     CLI's one line for the environment), at the next call into the EPS; the reads queued
     behind it and close() do not raise it again."""
     tier = DiskTier(tmp_path, run_id(), {e: 100 for e in range(4)})
-    eps = EagerParamServer(OffloadedBackend(NumpyBackend(), tier, window=1), AdamWHyper())
+    eps = EagerParamServer(OffloadedBackend(NumpyBackend(), tier, window=1), OptimizerHyper())
     for e in range(4):
         eps.add_layer(e, np.ones(100, np.float32))
 
@@ -309,7 +309,7 @@ def test_a_file_damaged_mid_run_is_one_line(tmp_path):
     """A state file changed under a running tier: the update that reads it fails, and the
     relay's next fetch raises the tier's one-line UserError (not a worker traceback)."""
     tier = DiskTier(tmp_path, run_id(), {0: 100, 1: 100})
-    eps = EagerParamServer(OffloadedBackend(NumpyBackend(), tier), AdamWHyper())
+    eps = EagerParamServer(OffloadedBackend(NumpyBackend(), tier), OptimizerHyper())
     for e in (0, 1):
         eps.add_layer(e, np.ones(100, np.float32))
     with open(tier.path(0), "r+b") as f:

@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend, OpenCLBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend, OpenCLBackend
 from l2l.eps.copy_window import DiskCopies
 from l2l.eps.disk_tier import DiskTier, copy_layout
 from l2l.eps.numerics import COPY_DTYPES
@@ -39,7 +39,7 @@ def _server(backend: str, precision: str, directory=None, window: int = 2):
         state = DiskTier(directory, rid, NUMELS)
         inner = OffloadedBackend(inner, state, window=window)
         copies = DiskCopies(DiskTier(directory, rid, NUMELS, layout=copy_layout(COPY_DTYPES[precision])), window)
-    return EagerParamServer(inner, AdamWHyper(lr=1e-2, weight_decay=0.1), copy_dtype=precision,
+    return EagerParamServer(inner, OptimizerHyper(lr=1e-2, weight_decay=0.1), copy_dtype=precision,
                             grad_dtype=precision, share_masters=True, copies=copies)
 
 
@@ -118,7 +118,7 @@ def test_copies_in_memory_stay_a_few_entries(tmp_path):
     numels = {e: n for e in range(entries)}
     tier = DiskTier(tmp_path, rid, numels, layout=copy_layout(np.float32))
     eps = EagerParamServer(OffloadedBackend(NumpyBackend(), DiskTier(tmp_path, rid, numels), window=window),
-                           AdamWHyper(), copies=DiskCopies(tier, window))
+                           OptimizerHyper(), copies=DiskCopies(tier, window))
     rng = np.random.default_rng(3)
     for e in range(entries):
         eps.add_layer(e, rng.standard_normal(n).astype(np.float32))

@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, NumpyBackend, OpenCLBackend, StepScalars
+from l2l.eps import OptimizerHyper, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps.numerics import COPY_DTYPES
 from l2l.errors import UserError
 
@@ -57,7 +57,7 @@ def test_program_binary_round_trip(tmp_path):
                 grad_bits = [wide_grad_bits(rng, n, gdtype) for _ in range(K)]
                 if t == 3:
                     grad_bits[0][n // 2] = NAN_BITS[gdtype]
-                tw.step(grads_of(grad_bits, gdtype), StepScalars.compute(AdamWHyper(), t, divisor=float(K)),
+                tw.step(grads_of(grad_bits, gdtype), StepScalars.compute(OptimizerHyper(), t, divisor=float(K)),
                         cdtype, f"binary: {gdtype} K={K} ->{cdtype} n={n} t={t}", expect_finite=t != 3)
         # special values through the loaded program too
         P, M, V, G = np.meshgrid(specials(True), specials(True), specials(False), specials(True),
@@ -137,7 +137,7 @@ def test_check_finds_every_position(launch, vector_width, k):
             assert len(positions) >= 40
         rng = np.random.default_rng(77)
         p, m, v = wide_state(rng, n)
-        s = StepScalars.compute(AdamWHyper(), 1)
+        s = StepScalars.compute(OptimizerHyper(), 1)
         for c, (i, bad) in enumerate(zip(positions, itertools.cycle([np.inf, np.nan, -np.inf]))):
             tw = Twin(be, p, m, v)
             g = (rng.standard_normal((k, n)) * 1e-3).astype(np.float32)
@@ -174,7 +174,7 @@ def test_decay_boundary_in_every_shape(launch):
             for t, nd in enumerate(boundaries, start=1):
                 K, cdtype = 1 + t % 2, DTYPES[t % 3]
                 grads = [(rng.standard_normal(n) * 1e-2).astype(np.float32) for _ in range(K)]
-                s = StepScalars.compute(AdamWHyper(lr=1e-2, weight_decay=0.1), t, divisor=float(K))
+                s = StepScalars.compute(OptimizerHyper(lr=1e-2, weight_decay=0.1), t, divisor=float(K))
                 tw.step(grads, s, cdtype, f"{launch} VW={vw} n_decay={nd} of {n} K={K} ->{cdtype}",
                         expect_finite=True, n_decay=nd)
         finally:
@@ -205,7 +205,7 @@ def test_a_step_that_fails_midway_leaves_the_next_whole(monkeypatch):
 
     monkeypatch.setattr(be, "_launch", update_fails)
     bad = np.full(n, np.inf, np.float32)
-    s = StepScalars.compute(AdamWHyper(), 1)
+    s = StepScalars.compute(OptimizerHyper(), 1)
     with pytest.raises(RuntimeError, match="injected"):
         be.step(0, [bad], s, np.empty(n, np.float32))
     monkeypatch.setattr(be, "_launch", real_launch)
@@ -228,8 +228,8 @@ def test_hyperparameters_changed_between_steps_reach_the_kernel():
         p = rng.standard_normal(n).astype(np.float32)
         be.allocate(layer, p)
         ref.allocate(layer, p)
-    hypers = [AdamWHyper(), AdamWHyper(lr=3e-4), AdamWHyper(lr=3e-4, weight_decay=0.0),
-              AdamWHyper(lr=3e-4, eps=1e-6), AdamWHyper(lr=3e-4, beta2=0.95)]
+    hypers = [OptimizerHyper(), OptimizerHyper(lr=3e-4), OptimizerHyper(lr=3e-4, weight_decay=0.0),
+              OptimizerHyper(lr=3e-4, eps=1e-6), OptimizerHyper(lr=3e-4, beta2=0.95)]
     for t, hyper in enumerate(hypers, start=1):
         for layer in (0, 1, 0):
             g = (rng.standard_normal(n) * 1e-2).astype(np.float32)
@@ -282,7 +282,7 @@ def test_device_copy_bits_do_not_depend_on_its_alignment(streaming, vector_width
                 g = grads_of([wide_grad_bits(rng, n, "fp32")], "fp32")
                 if t == 2:
                     g[0][n // 3] = np.inf
-                tw.step(g, StepScalars.compute(AdamWHyper(), t), cdtype,
+                tw.step(g, StepScalars.compute(OptimizerHyper(), t), cdtype,
                         f"copy {cdtype} at 64+{misalign} t={t}", expect_finite=t != 2, copies=copies)
     finally:
         be.close()
@@ -320,7 +320,7 @@ def test_the_master_serves_as_the_fp32_copy_bit_for_bit():
             grads = (rng.standard_normal((2, n)) * 1e-2).astype(np.float32)
             if t == 4:
                 grads[1, n // 2] = np.nan
-            s = StepScalars.compute(AdamWHyper(lr=1e-2), t, divisor=2.0)
+            s = StepScalars.compute(OptimizerHyper(lr=1e-2), t, divisor=2.0)
             cdtype = next(separate)
             if cdtype is None:
                 a, b = mine, golden
@@ -358,7 +358,7 @@ def test_state_in_host_memory_round_trip():
         copies = be.read_state(0)
         assert all(not np.shares_memory(c, a) for c, a in zip(copies, mine))
         assert not np.shares_memory(be.read_master(0), mine[0])
-        s = StepScalars.compute(AdamWHyper(), 2)
+        s = StepScalars.compute(OptimizerHyper(), 2)
         g = [(rng.standard_normal(n) * 1e-3).astype(np.float32)]
         assert be.step(0, g, s, mine[0]) and ref.step(0, g, s, ref.master_as_copy(0))
         for name, x, y in zip("pmv", mine, ref.state_view(0)):  # updated in the adopted arrays
@@ -407,7 +407,7 @@ def test_a_runtime_that_copies_host_memory_keeps_device_buffers(monkeypatch):
     with pytest.warns(RuntimeWarning, match="not seen computing in the host memory"):
         be = OpenCLBackend()
     assert not be._zero_copy
-    hyper = AdamWHyper(lr=1e-2)
+    hyper = OptimizerHyper(lr=1e-2)
     got = EagerParamServer(be, hyper, share_masters=True)
     ref = EagerParamServer(NumpyBackend(), hyper, share_masters=True)
     try:

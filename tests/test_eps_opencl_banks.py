@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend, OpenCLBackend, StepScalars
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps import opencl_backend
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 
@@ -173,7 +173,7 @@ def _drive_backend(be, ref, rng) -> None:
     for gdtype, cdtype, k in itertools.product(DTYPES, DTYPES, (1, 2)):
         for separate in (False, True):  # (K, n) block as the server's inbox, or K arrays
             t += 1
-            s = StepScalars.compute(AdamWHyper(), t, divisor=float(k))
+            s = StepScalars.compute(OptimizerHyper(), t, divisor=float(k))
             for layer, n in sizes.items():
                 block = (rng.standard_normal((k, n)) * 1e-2).astype(GRAD_DTYPES[gdtype])
                 grads = list(block) if separate else block
@@ -191,8 +191,8 @@ def _drive_server(be, grad_dtype: str, copy_dtype: str, contributors: int, rng) 
     """The EagerParamServer's own traffic: layers added, inboxes pushed, copies fetched, a
     checkpoint taken and loaded. Closes ``be`` (the server closes its backend)."""
     kw = {"grad_dtype": grad_dtype, "copy_dtype": copy_dtype, "contributors": contributors}
-    ref = EagerParamServer(NumpyBackend(), AdamWHyper(), **kw)
-    got = EagerParamServer(be, AdamWHyper(), **kw)
+    ref = EagerParamServer(NumpyBackend(), OptimizerHyper(), **kw)
+    got = EagerParamServer(be, OptimizerHyper(), **kw)
     sizes = {10: 1000, 11: 24}
     try:
         for layer, n in sizes.items():
@@ -271,7 +271,7 @@ def test_binding_a_new_buffer_keeps_the_launch_cache_true():
     for t, (gdtype, cdtype) in enumerate(itertools.product(DTYPES, DTYPES), start=1):
         for _ in range(2):  # the second step after another layer was allocated
             g = (rng.standard_normal((1, n)) * 1e-2).astype(GRAD_DTYPES[gdtype])
-            s = StepScalars.compute(AdamWHyper(), t)
+            s = StepScalars.compute(OptimizerHyper(), t)
             a, b = np.empty(n, COPY_DTYPES[cdtype]), np.empty(n, COPY_DTYPES[cdtype])
             assert be.step(0, g, s, a) and ref.step(0, g, s, b)
             assert_same(a, b, f"{gdtype} -> {cdtype}")

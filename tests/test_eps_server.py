@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend, StepScalars
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend, StepScalars
 from l2l.eps import numerics
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 from l2l.errors import EpsWorkerError
@@ -21,7 +21,7 @@ from l2l.errors import EpsWorkerError
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 TIMEOUT = 10.0  # seconds; only ever reached when something hangs
-HYPER = AdamWHyper(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
+HYPER = OptimizerHyper(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
 
 
 # --------------------------------------------------------------------------
@@ -521,7 +521,7 @@ def test_state_tensors_waits_for_pending_updates():
         th.join(TIMEOUT)
         assert not th.is_alive() and "error" not in box
         assert not np.array_equal(box["value"]["layer0.p"], np.ones(8, np.float32))
-        assert srv.state_meta() == {"steps": {"0": 1}, "n_decay": {"0": 8}}
+        assert srv.state_meta() == {"steps": {"0": 1}, "n_decay": {"0": 8}, "optimizer": "adamw"}
     finally:
         be.release.set()
         call(srv.close)

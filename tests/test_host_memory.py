@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from l2l.checkpoint import LazyArrays, load_latest, save_checkpoint
-from l2l.eps import AdamWHyper, EagerParamServer
+from l2l.eps import OptimizerHyper, EagerParamServer
 from l2l.eps.numpy_backend import NumpyBackend
 from l2l.models import ModelConfig, build_stack
 
@@ -52,7 +52,7 @@ def _counting(arrays: dict[str, np.ndarray]) -> tuple[LazyArrays, dict]:
 
 
 def test_the_eps_loads_a_checkpoint_one_layer_at_a_time(tmp_path):
-    eps = EagerParamServer(NumpyBackend(), AdamWHyper(lr=1e-3))
+    eps = EagerParamServer(NumpyBackend(), OptimizerHyper(lr=1e-3))
     for layer in range(6):
         eps.add_layer(layer, np.full(100, layer, np.float32))
     state = {f"layer{i}.{k}": np.full(100, 10 * i + "pmv".index(k), np.float32) for i in range(6) for k in "pmv"}
@@ -68,7 +68,7 @@ def test_the_eps_loads_a_checkpoint_one_layer_at_a_time(tmp_path):
 
 
 def test_a_bad_shape_in_a_checkpoint_changes_nothing():
-    eps = EagerParamServer(NumpyBackend(), AdamWHyper(lr=1e-3))
+    eps = EagerParamServer(NumpyBackend(), OptimizerHyper(lr=1e-3))
     for layer in range(2):
         eps.add_layer(layer, np.full(10, layer, np.float32))
     state = {f"layer{i}.{k}": np.zeros(10 if i == 0 else 11, np.float32) for i in range(2) for k in "pmv"}

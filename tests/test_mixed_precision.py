@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend
 from l2l.metrics import read_metrics
 from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
@@ -21,7 +21,7 @@ from shared_runs import made_once
 from test_cuda_fake import CFG as TIED_CFG, _stack as tiny_gpt
 
 CFG = ModelConfig(layers=2, d_model=64, heads=4, seq_len=64)
-HYPER = AdamWHyper(lr=3e-3)
+HYPER = OptimizerHyper(lr=3e-3)
 
 
 def _engine(precision: str, backend=None) -> RelayEngine:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from l2l.eps import AdamWHyper
+from l2l.eps import OptimizerHyper
 from l2l.models import ModelConfig
 from l2l.relay import engine as relay_engine
 from l2l.relay.audit import audited, reachable_device_bytes
@@ -37,7 +37,7 @@ def _threaded(engine):
 
 def _run(corpus, layers: int, stash: str, transport: str, steps: int = 2, micro_batches: int = 2):
     cfg = ModelConfig(layers=layers, d_model=64, heads=2, seq_len=32)
-    engine = relay(cfg, AdamWHyper(), micro_batches=micro_batches, stash=stash)
+    engine = relay(cfg, OptimizerHyper(), micro_batches=micro_batches, stash=stash)
     if transport == "threaded":
         _threaded(engine)
     audit = audited(engine)
@@ -117,7 +117,7 @@ def test_the_audit_changes_no_training_result(corpus):
     cfg = ModelConfig(layers=4, d_model=64, heads=2, seq_len=32)
     runs = []
     for with_audit in (False, True):
-        engine = _threaded(relay(cfg, AdamWHyper(), micro_batches=2, stash="host"))
+        engine = _threaded(relay(cfg, OptimizerHyper(), micro_batches=2, stash="host"))
         if with_audit:
             audited(engine)
         sampler = sampler_for(corpus, cfg, 4)
@@ -132,7 +132,7 @@ def test_the_audit_changes_no_training_result(corpus):
 
 def test_between_steps_the_relay_reaches_no_device_memory(corpus):
     cfg = ModelConfig(layers=4, d_model=64, heads=2, seq_len=32)
-    engine = relay(cfg, AdamWHyper(), micro_batches=2, stash="device")
+    engine = relay(cfg, OptimizerHyper(), micro_batches=2, stash="device")
     try:
         engine.train_step(sampler_for(corpus, cfg, 4).batch(0), 0)
         assert engine._store is None

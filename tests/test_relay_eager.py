@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 
-from l2l.eps import AdamWHyper, NumpyBackend
+from l2l.eps import OptimizerHyper, NumpyBackend
 from l2l.errors import EpsWorkerError
 from l2l.models import ModelConfig
 
@@ -32,7 +32,7 @@ class GatedBackend(NumpyBackend):
 def test_backward_continues_while_update_is_pending(corpus):
     post = CFG.layers + 1
     backend = GatedBackend(post=post, release_at=1)
-    engine = relay(CFG, AdamWHyper(), micro_batches=2, backend=backend)
+    engine = relay(CFG, OptimizerHyper(), micro_batches=2, backend=backend)
     pushed = []
     original = engine.eps.push_gradient
 
@@ -58,7 +58,7 @@ class FailingBackend(NumpyBackend):
 
 
 def test_worker_error_surfaces_in_the_training_loop(corpus):
-    engine = relay(CFG, AdamWHyper(), micro_batches=2, backend=FailingBackend())
+    engine = relay(CFG, OptimizerHyper(), micro_batches=2, backend=FailingBackend())
     result = {}
 
     def run():

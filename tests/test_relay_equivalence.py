@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper
+from l2l.eps import OptimizerHyper
 from l2l.models import ModelConfig, build_stack
 from l2l.relay.rng import derive_seed, replay_rng
 
@@ -14,7 +14,7 @@ from conftest import CPU, plain, relay, sampler_for
 # whose true gradient is zero; a rarely seen byte's embedding row) both engines
 # take lr-sized steps in noise-chosen directions. The weight gap therefore
 # scales with lr; 5e-4 keeps it well inside the 1e-5 bound on every family.
-HYPER = AdamWHyper(lr=5e-4, weight_decay=0.01, beta2=0.99)
+HYPER = OptimizerHyper(lr=5e-4, weight_decay=0.01, beta2=0.99)
 
 
 @pytest.mark.parametrize("family", ["gpt", "hf-gpt2", "hf-bert"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from l2l.eps import AdamWHyper
+from l2l.eps import OptimizerHyper
 from l2l.models import ModelConfig
 
 from conftest import relay, sampler_for
@@ -11,7 +11,7 @@ from conftest import relay, sampler_for
 
 def _peaks(corpus, layers: int, micro_batches: int, stash: str, batch_size: int):
     cfg = ModelConfig(layers=layers, d_model=64, heads=2, seq_len=32)
-    engine = relay(cfg, AdamWHyper(), micro_batches=micro_batches, stash=stash)
+    engine = relay(cfg, OptimizerHyper(), micro_batches=micro_batches, stash=stash)
     result = engine.train_step(sampler_for(corpus, cfg, batch_size).batch(0), 0)
     engine.close()
     return result.device_peak_bytes, result.device_weight_peak_bytes

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack
 from l2l.relay import recompute
 from l2l.relay.engine import RelayEngine
@@ -24,7 +24,7 @@ from threaded_transport import ThreadedTransport
 from conftest import CPU, sampler_for
 
 CFG = ModelConfig(layers=3, d_model=32, heads=2, seq_len=16, dropout=0.1)
-HYPER = AdamWHyper(lr=3e-3)
+HYPER = OptimizerHyper(lr=3e-3)
 
 
 def _engine(cfg, *, micro_batches, stash, transport=None):

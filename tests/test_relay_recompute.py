@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from l2l.eps import AdamWHyper, EagerParamServer, NumpyBackend
+from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend
 from l2l.models import ModelConfig, build_stack
 from l2l.relay.engine import RelayEngine
 from l2l.relay.binding import WeightBinding
@@ -21,7 +21,7 @@ from conftest import CPU, sampler_for
 
 def _engine(cfg, micro_batches, transport=None):
     stack = build_stack(cfg, seed=0)
-    eps = EagerParamServer(NumpyBackend(), AdamWHyper(lr=1e-3))
+    eps = EagerParamServer(NumpyBackend(), OptimizerHyper(lr=1e-3))
     return RelayEngine(stack, eps, CPU, micro_batches=micro_batches, transport=transport)
 
 

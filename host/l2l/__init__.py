@@ -12,7 +12,7 @@ The public API, for training a model of your own through the relay and the EPS
 * :class:`Engine` / :class:`StepResult` -- what every engine does and reports
   (``train_step``, ``evaluate``, ``set_lr``, state in and out, ``close``);
   :class:`PlainEngine` is the in-memory baseline with the same interface.
-* :class:`AdamWHyper` -- the optimizer's hyper-parameters.
+* :class:`OptimizerHyper` -- the optimizer's hyper-parameters.
 
 Names are imported on first use, so ``import l2l`` costs nothing and changes nothing.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "AdamWHyper": "l2l.eps", "Batch": "l2l.data", "Engine": "l2l.engine", "StepResult": "l2l.engine",
+    "OptimizerHyper": "l2l.eps", "Batch": "l2l.data", "Engine": "l2l.engine", "StepResult": "l2l.engine",
     "IGNORE_INDEX": "l2l.models.stack", "Layer": "l2l.models.stack", "LayerStack": "l2l.models.stack",
     "token_loss_sum": "l2l.models.stack", "PlainEngine": "l2l.baseline", "RelayEngine": "l2l.relay.engine",
     "relay": "l2l.build",

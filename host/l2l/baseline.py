@@ -1,4 +1,5 @@
-"""The baseline engine (``--engine plain``): the same layer stack trained in memory with torch.optim.AdamW.
+"""The baseline engine (``--engine plain``): the same layer stack trained in memory with torch.optim.AdamW
+(or, with ``--optimizer lion``, :class:`l2l.lion.Lion`).
 
 Every weight lives on the device for the whole step and the full batch runs
 at once (or, with ``micro_batches`` M > 1, as M micro-batches whose gradients
@@ -23,17 +24,19 @@ from torch.utils.checkpoint import checkpoint
 
 from .data import Batch
 from .engine import StepResult
-from .eps import AdamWHyper
+from .eps import OPTIMIZERS, OptimizerHyper
+from .lion import Lion
 from .models import LayerStack
 from .relay.scaler import LossScaler
 
+_TORCH_STATE = {"p": None, "m": "exp_avg", "v": "exp_avg_sq"}  # checkpoint name -> torch optimizer state key
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class PlainEngine:
     name = "plain"
 
-    def __init__(self, stack: LayerStack, hyper: AdamWHyper, device: torch.device, *,
+    def __init__(self, stack: LayerStack, hyper: OptimizerHyper, device: torch.device, *,
                  checkpointing: bool = False, precision: str = "fp32",
                  clip_grad_norm: float | None = None, loss_scale: float | None = None,
                  micro_batches: int = 1) -> None:
@@ -51,8 +54,13 @@ class PlainEngine:
                    if slot.offset < layout.decayed}  # the layouts' parameter groups, as the EPS decays them
         groups = [{"params": [p for p in self.params if id(p) in decayed], "weight_decay": hyper.weight_decay},
                   {"params": [p for p in self.params if id(p) not in decayed], "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(
-            [g for g in groups if g["params"]], lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
+        groups = [g for g in groups if g["params"]]
+        self.state_names = OPTIMIZERS[hyper.optimizer].state
+        self.optimizer_name = hyper.optimizer
+        if hyper.optimizer == "lion":
+            self.optimizer = Lion(groups, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2))
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
         self.scaler = None
         if precision == "fp16":  # the relay's LossScaler defaults are GradScaler's
             d = LossScaler()
@@ -124,7 +132,7 @@ class PlainEngine:
 
     # ------------------------------------------------------------ state
     # Checkpoints use the EPS's format -- per entry (each layer's own parameters,
-    # then each shared one), flat fp32 p, m, v and a step count -- so a run can
+    # then each shared one), flat fp32 p and the moments and a step count -- so a run can
     # move between the relay and the baseline.
     def _layer_params(self):
         named = [dict(module.named_parameters()) for module in self.modules]
@@ -135,7 +143,8 @@ class PlainEngine:
     def state_tensors(self) -> dict[str, np.ndarray]:
         out = {}
         for i, layout, params in self._layer_params():
-            for key, field in (("p", None), ("m", "exp_avg"), ("v", "exp_avg_sq")):
+            for key in self.state_names:
+                field = _TORCH_STATE[key]
                 flat = np.zeros(layout.numel, np.float32)
                 for slot, p in zip(layout.slots, params):
                     src = p if field is None else self.optimizer.state.get(p, {}).get(field)
@@ -152,7 +161,8 @@ class PlainEngine:
         for i, _, params in self._layer_params():
             state = self.optimizer.state.get(params[0], {}) if params else {}
             steps[str(i)] = int(state["step"]) if "step" in state else 0
-        meta = {"steps": steps, "n_decay": {str(e): self.stack.entry_n_decay(e) for e in range(self.stack.num_entries)}}
+        meta = {"steps": steps, "n_decay": {str(e): self.stack.entry_n_decay(e) for e in range(self.stack.num_entries)},
+                "optimizer": self.optimizer_name}
         if self.scaler:  # in the relay's LossScaler format, so runs move between engines
             st = self.scaler.state_dict()
             meta["loss_scaler"] = {**LossScaler().state_dict(), "scale": st["scale"],
@@ -165,23 +175,24 @@ class PlainEngine:
             st = meta["loss_scaler"]
             self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": st["scale"],
                                          "_growth_tracker": st["clean_steps"]})
+        saved_opt = meta.get("optimizer", "adamw")
+        if saved_opt != self.optimizer_name:
+            raise ValueError(f"the checkpoint holds {saved_opt} state, this run's optimizer is {self.optimizer_name}")
         for e in range(self.stack.num_entries):  # the grouping is checked before anything is loaded
             saved, mine = int(meta.get("n_decay", {}).get(str(e), self.stack.entry_numel(e))), self.stack.entry_n_decay(e)
             if saved != mine:
                 raise ValueError(f"layer{e}: the checkpoint weight-decays {saved} of its elements, this run {mine}: "
                                  "another parameter grouping (--weight-decay-all decays every element)")
         for i, layout, params in self._layer_params():
-            p, m, v = (torch.from_numpy(np.asarray(tensors[f"layer{i}.{k}"], np.float32)) for k in "pmv")
+            flat = {k: torch.from_numpy(np.asarray(tensors[f"layer{i}.{k}"], np.float32)) for k in self.state_names}
             t = int(meta["steps"][str(i)])
             for slot, param in zip(layout.slots, params):
                 cut = slice(slot.offset, slot.offset + slot.numel)
-                param.copy_(p[cut].view(slot.shape))
+                param.copy_(flat["p"][cut].view(slot.shape))
                 if t:
-                    self.optimizer.state[param] = {
-                        "step": torch.tensor(float(t)),
-                        "exp_avg": m[cut].view(slot.shape).to(param.device, param.dtype).clone(),
-                        "exp_avg_sq": v[cut].view(slot.shape).to(param.device, param.dtype).clone(),
-                    }
+                    self.optimizer.state[param] = {"step": torch.tensor(float(t)), **{
+                        _TORCH_STATE[k]: flat[k][cut].view(slot.shape).to(param.device, param.dtype).clone()
+                        for k in self.state_names[1:]}}
 
     def master_weights(self) -> list[np.ndarray]:
         """fp32 weights per entry, in the relay's order (each layer's own, then each shared one)."""

@@ -11,10 +11,11 @@ from . import distributed
 from .baseline import PlainEngine
 from .config import TrainConfig
 from .engine import Engine
-from .eps import AdamWHyper, EagerParamServer
+from .eps import EagerParamServer, OptimizerHyper
 from .eps.choice import build as build_backend
 from .eps.copy_window import DiskCopies
-from .eps.disk_tier import DiskTier, copy_layout
+from .eps.contract import OPTIMIZERS
+from .eps.disk_tier import DiskTier, copy_layout, state_layout
 from .eps.numerics import COPY_DTYPES
 from .eps.offload_backend import OffloadedBackend
 from .eps.sharded_server import ShardedParamServer
@@ -45,9 +46,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def hyper_of(cfg: TrainConfig) -> AdamWHyper:
-    return AdamWHyper(lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
-                      weight_decay=cfg.weight_decay)
+def hyper_of(cfg: TrainConfig) -> OptimizerHyper:
+    return OptimizerHyper(lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
+                          weight_decay=cfg.weight_decay, optimizer=cfg.optimizer)
 
 
 def shard_layout(stack: LayerStack, world: int) -> ShardLayout:
@@ -68,7 +69,8 @@ def offload_tiers(cfg: TrainConfig, stack: LayerStack, run_id: str, *, rank: int
     else:
         numels = {e: stack.entry_numel(e) for e in range(stack.num_entries)}
         directory = cfg.eps_offload
-    tier = DiskTier(directory, run_id, {e: n for e, n in numels.items() if n > 0})
+    tier = DiskTier(directory, run_id, {e: n for e, n in numels.items() if n > 0},
+                    layout=state_layout(len(OPTIMIZERS[cfg.optimizer].moments)))
     return tier, copy_tier(cfg, tier) if cfg.eps_offload_copies else None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from .errors import UserError
+from .eps.contract import OPTIMIZERS
 from .models import ModelConfig, family
 
 ENGINES = ("l2l", "plain")
@@ -23,7 +24,7 @@ EPS_LAYOUTS = ("sharded", "replicated")
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
                    "adam_eps", "seed", "data", "tokenizer", "schedule_steps", "precision", "overflow",
-                   "clip_grad_norm", "weight_decay_all")
+                   "clip_grad_norm", "weight_decay_all", "optimizer")
 # What a run recorded before a setting existed did, where that is not today's default: a
 # checkpoint's record without the key is read with this value (resume, export).
 LEGACY_DEFAULTS = {"weight_decay_all": True}  # runs before the parameter groups decayed everything
@@ -45,6 +46,7 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
+    optimizer: str = "adamw"  # the EPS's update rule (l2l.eps.contract.OPTIMIZERS)
     weight_decay: float = 0.01
     weight_decay_all: bool = False  # False: Trainer's parameter groups (no decay on biases, norms)
     beta1: float = 0.9
@@ -90,7 +92,7 @@ class TrainConfig:
         """The EPS backend this run gets (``--eps auto`` resolved on this host) and its options."""
         from .eps.choice import choose
         return choose(self.eps, cl_platform=self.cl_platform, cl_device=self.cl_device, cl_binary=self.cl_binary,
-                      threads=self.eps_threads)
+                      threads=self.eps_threads, optimizer=self.optimizer)
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
@@ -175,6 +177,8 @@ class TrainConfig:
         need(self.steps >= 0, f"--steps must be >= 0 (got {self.steps})")
         need(self.total_schedule_steps >= self.steps or self.schedule_steps is None,
              "--schedule-steps must be at least --steps")
+        need(self.optimizer in OPTIMIZERS,
+             f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         need(self.lr > 0, f"--lr must be positive (got {self.lr})")
         need(0.0 <= self.min_lr_ratio <= 1.0, "--min-lr-ratio must be in [0, 1]")
         need(self.warmup_steps >= 0, "--warmup-steps must be >= 0")

@@ -11,6 +11,7 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from .eps.contract import OPTIMIZERS
 from .config import DEVICES, ENGINES, EPS_LAYOUTS, OVERFLOW, PLAN_MODES, PRECISIONS, STASH, TrainConfig
 from .errors import UserError
 
@@ -98,11 +99,13 @@ OPTIMIZER = (
     Option("--lr", "peak learning rate (default %(default)s)", float),
     Option("--min-lr-ratio", "the schedule's floor as a share of --lr (default %(default)s)", float),
     Option("--warmup-steps", "linear warm-up steps (default %(default)s)", int),
-    Option("--weight-decay", "AdamW's decoupled weight decay (default %(default)s)", float),
+    Option("--optimizer", f"{_one_of(OPTIMIZERS)}: the update the EPS runs; Lion keeps one moment, 8 bytes of "
+           "state a parameter instead of 12, and wants a smaller --lr (default %(default)s)"),
+    Option("--weight-decay", "decoupled weight decay (default %(default)s)", float),
     Option("--weight-decay-all", "decay every parameter; default: none on biases and normalisation weights, "
            "as Hugging Face's Trainer groups them", action="store_true"),
-    Option("--beta1", "AdamW beta1 (default %(default)s)", float),
-    Option("--beta2", "AdamW beta2 (default %(default)s)", float),
+    Option("--beta1", "AdamW's beta1; Lion's interpolation for the step's sign (default %(default)s)", float),
+    Option("--beta2", "AdamW's beta2; Lion's momentum decay (default %(default)s)", float),
     Option("--adam-eps", "AdamW epsilon (default %(default)s)", float),
     Option("--seed", "seeds the initial weights, the data order and dropout (default %(default)s)", int),
 )

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..eps import BACKENDS, AdamWHyper, StepScalars, make_backend
+from ..eps import BACKENDS, OptimizerHyper, StepScalars, make_backend
 from ..eps.choice import EpsChoice, choose
 from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES
 from ..eps.threads import available_cpus
@@ -159,7 +159,7 @@ def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0) -> t
     return k * gs + 24 + cs, "algorithmic minimum (implementation not inspected)"
 
 
-def _eps_step(backend, p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float) -> Callable[[], None]:
+def _eps_step(backend, p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float) -> Callable[[], None]:
     """``step()`` on layer 0 of ``backend`` as the EPS calls it per layer."""
     backend.allocate(0, p0)
     copy_out = aligned_empty(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
@@ -176,7 +176,7 @@ def _eps_step(backend, p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: floa
 HLS_THREADS = "C-simulation: one host thread, the dataflow regions in sequence"
 
 
-def _eps_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float, counts: list[int],
+def _eps_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float, counts: list[int],
                  auto: EpsChoice) -> tuple[list[Method], list]:
     """Per thread count, one Method per CPU EPS backend (numpy: ``NumpyBackend(threads=N)``;
     opencl: a sub-device of N compute units of the CPU device ``--eps auto`` takes); the
@@ -235,7 +235,7 @@ def _cl_cpu() -> int:
 
 # ---------------------------------------------------------------- torch-style optimizers
 
-def _optimizer_methods(p0, grads, copy_dtype, hyper: AdamWHyper, inv_scale: float, counts: list[int],
+def _optimizer_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float, counts: list[int],
                        deepspeed: bool = True) -> tuple[list[Method], dict]:
     """torch fused AdamW (and DeepSpeedCPUAdam when importable) doing the EPS's whole job, at
     each thread count; and what DeepSpeed's threads follow.
@@ -481,7 +481,7 @@ def run(args: argparse.Namespace) -> dict:
     n, k = args.numel, args.contributions
     counts = args.threads
     gdtype, cdtype = GRAD_DTYPES[args.grad_dtype], COPY_DTYPES[args.copy_dtype]
-    hyper = AdamWHyper()
+    hyper = OptimizerHyper()
     load_before = os.getloadavg()[0]
     torch_threads = torch.get_num_threads()
     roof_threads = max(max(counts), available_cpus())

@@ -2,10 +2,15 @@
 
 The :class:`~l2l.eps.server.EagerParamServer` owns the bookkeeping (step
 counts, scalars, eagerness, errors); a backend owns only storage and
-arithmetic, so a backend whose ``p, m, v`` live in another memory (an FPGA
+arithmetic, so a backend whose state lives in another memory (an FPGA
 card's DRAM behind OpenCL) fits the same interface: gradients go in as host
 arrays, device copies come out into host arrays, and state crosses only for
 checkpoints.
+
+A layer's state is its fp32 master weights ``p`` and the optimizer's moments, all of ``n``
+binary32 elements: ``(p, m, v)`` for AdamW, ``(p, m)`` for Lion
+(:data:`~l2l.eps.contract.OPTIMIZERS`). The step scalars' type says which optimizer a step
+runs; a backend lists those it runs in :attr:`EpsBackend.optimizers`.
 """
 from __future__ import annotations
 
@@ -14,12 +19,13 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from .contract import StepScalars
+from .contract import StepScalars, optimizer_of
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
 
 class EpsBackend(ABC):
     name: ClassVar[str]
+    optimizers: ClassVar[frozenset[str]] = frozenset({"adamw"})  # those whose updates it runs
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -37,14 +43,14 @@ class EpsBackend(ABC):
         return False
 
     @abstractmethod
-    def allocate(self, layer: int, p: np.ndarray) -> None:
-        """Create the layer's state: master weights ``p`` (fp32), zero moments."""
+    def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
+        """Create the layer's state: master weights ``p`` (fp32) and ``moments`` zero moments."""
 
     @abstractmethod
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         """Reduce ``grads`` (K arrays of n, or one (K, n) array), and if all finite
-        update the layer and write its device copy. Weight decay applies to the layer's first
+        update the layer by the optimizer of ``scalars`` and write its device copy. Weight decay applies to the layer's first
         ``n_decay`` elements (default: all of them; the parameter groups, decayed first).
 
         Returns the finite flag; when False nothing of the layer changed.
@@ -55,8 +61,8 @@ class EpsBackend(ABC):
         """Write the device copy of the current master weights (after allocate/load)."""
 
     @abstractmethod
-    def read_state(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Host copies of ``(p, m, v)`` for a checkpoint."""
+    def read_state(self, layer: int) -> tuple[np.ndarray, ...]:
+        """Host copies of ``(p, *moments)`` for a checkpoint."""
 
     def read_master(self, layer: int) -> np.ndarray:
         """A host copy of the layer's fp32 master weights ``p`` alone (the trained weights, for
@@ -64,15 +70,15 @@ class EpsBackend(ABC):
         :meth:`read_state`'s traffic). The default is :meth:`read_state`'s ``p``."""
         return self.read_state(layer)[0]
 
-    def state_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(p, m, v)`` to read now and drop before the next step: a backend that keeps the
+    def state_view(self, layer: int) -> tuple[np.ndarray, ...]:
+        """``(p, *moments)`` to read now and drop before the next step: a backend that keeps the
         state in host memory returns its own arrays, read-only, so a checkpoint copies nothing
         it does not write; the default is :meth:`read_state`'s copies."""
         return self.read_state(layer)
 
     @abstractmethod
-    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        """Replace the layer's state (from a checkpoint)."""
+    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
+        """Replace the layer's state (from a checkpoint): as many moments as it has."""
 
     def master_as_copy(self, layer: int) -> np.ndarray | None:
         """The layer's fp32 master weights themselves, to serve as its fp32 device copy where
@@ -81,13 +87,13 @@ class EpsBackend(ABC):
         updates it in place, can give it; the default is None (the server keeps a copy)."""
         return None
 
-    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        """Take ``(p, m, v)`` as the layer's state, as if allocated and loaded (a disk tier hands
+    def adopt(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
+        """Take ``(p, *moments)`` as the layer's state, as if allocated and loaded (a disk tier hands
         a layer in just before its update). The caller does not use the arrays again, so a
         backend keeping its state in host memory may take them without a copy; the default
         allocates and writes them."""
-        self.allocate(layer, p)
-        self.write_state(layer, p, m, v)
+        self.allocate(layer, p, len(moments))
+        self.write_state(layer, p, *moments)
 
     def release(self, layer: int) -> None:  # noqa: B027 -- optional: a backend may keep everything
         """Drop the layer's state from this backend's memory (a disk tier holds it); the layer is
@@ -134,6 +140,25 @@ def check_copy(copy_out: np.ndarray, n: int) -> None:
         raise ValueError(f"device copy of shape {copy_out.shape}, expected ({n},)")
     if not copy_out.flags.writeable:
         raise ValueError("device copy is read-only")
+
+
+def check_state(layer: int, arrays, n: int, moments: int) -> None:
+    """State to write: ``p`` and ``moments`` moments, each ``n`` elements. Checked before any
+    is written: no half-loaded layer."""
+    if len(arrays) != 1 + moments:
+        raise ValueError(f"layer {layer}: {len(arrays) - 1} moments given, the layer has {moments}")
+    for a in arrays:
+        if np.shape(a) != (n,):
+            raise ValueError(f"layer {layer}: state of shape {np.shape(a)}, expected ({n},)")
+
+
+def check_optimizer(backend: "EpsBackend", scalars, moments: int) -> None:
+    """A step's optimizer against the backend's and the layer's state."""
+    opt = optimizer_of(scalars)
+    if opt.name not in backend.optimizers:
+        raise ValueError(f"the {backend.name} EPS does not run {opt.name}")
+    if len(opt.moments) != moments:
+        raise ValueError(f"a {opt.name} step on a layer with {moments} moments")
 
 
 def read_only(a: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import UserError
 from . import make_backend
 from .backend import EpsBackend
-from .opencl_backend import cpu_device
+from .opencl_backend import OpenCLBackend, cpu_device
 from .threads import available_cpus
 
 AUTO = "auto"
@@ -41,14 +41,17 @@ class EpsChoice:
 
 
 def choose(asked: str, *, cl_platform: str | None = None, cl_device: str | None = None,
-           cl_binary: str | None = None, threads: int | None = None) -> EpsChoice:
-    """The backend ``asked`` names, or for ``auto`` this host's fastest CPU EPS."""
+           cl_binary: str | None = None, threads: int | None = None, optimizer: str = "adamw") -> EpsChoice:
+    """The backend ``asked`` names, or for ``auto`` this host's fastest CPU EPS that runs
+    ``optimizer``."""
     if asked != AUTO:
         options = {"threads": threads} if asked == "numpy" else {}
         if asked == "opencl":
             options = {"platform": cl_platform, "device": cl_device, "binary": cl_binary, "threads": threads}
         return EpsChoice(asked, asked, options)
     found, what = cpu_device()
+    if found is not None and optimizer not in OpenCLBackend.optimizers:
+        found, what = None, f"the OpenCL EPS does not run {optimizer}"
     if found is None:
         cpus = threads or available_cpus()
         return EpsChoice(AUTO, "numpy", {"threads": threads}, f"{what}: the NumPy EPS on every core",

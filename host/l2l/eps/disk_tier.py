@@ -3,8 +3,9 @@
 Layout (docs/disk-tier.md)::
 
     DIR/manifest.json        format, version, run id, each entry's numel
-    DIR/entry00007.state     a 4096-byte header, then p, m, v: raw little-endian fp32,
-                             each padded to a multiple of 4096 bytes
+    DIR/entry00007.state     a 4096-byte header, then p and the optimizer's moments (AdamW:
+                             m, v; Lion: m): raw little-endian fp32, each padded to a
+                             multiple of 4096 bytes
 
 The header holds the magic ``L2LTIER1``, the format version, the run id, the entry, its numel
 and a CRC32 of those fields; every read checks it and the file's size, so a file that is
@@ -246,8 +247,8 @@ def timeline(calls, start: float | None = None, end: float | None = None) -> dic
 @dataclass(frozen=True)
 class Layout:
     """One kind of entry file: its suffix, magic and manifest, and its regions (``regions``
-    arrays of ``dtype``, each padded to :data:`BLOCK`). The state files hold ``p, m, v``
-    (:data:`STATE`); with ``--eps-offload-copies`` the device copies have files of their own
+    arrays of ``dtype``, each padded to :data:`BLOCK`). The state files hold ``p`` and the
+    moments (:func:`state_layout`; AdamW's: :data:`STATE`); with ``--eps-offload-copies`` the device copies have files of their own
     (:func:`copy_layout`), checked and moved by the same code."""
     suffix: str
     magic: bytes
@@ -265,7 +266,12 @@ class Layout:
         return f"entry{entry:05d}.{self.suffix}"
 
 
-STATE = Layout("state", MAGIC, MANIFEST, F32, 3)
+def state_layout(moments: int = 2) -> Layout:
+    """The state files of an optimizer with ``moments`` moments beside ``p``."""
+    return Layout("state", MAGIC, MANIFEST, F32, 1 + moments)
+
+
+STATE = state_layout(2)  # AdamW's
 
 
 def copy_layout(dtype) -> Layout:
@@ -273,9 +279,9 @@ def copy_layout(dtype) -> Layout:
     return Layout("copy", b"L2LCOPY1", "copies.json", np.dtype(dtype), 1)
 
 
-def file_bytes(numel: int) -> int:
+def file_bytes(numel: int, moments: int = 2) -> int:
     """The size of an entry's state file."""
-    return STATE.file_bytes(numel)
+    return state_layout(moments).file_bytes(numel)
 
 
 def entry_file(entry: int) -> str:
@@ -301,7 +307,7 @@ class Slab:
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """The regions (``(p, m, v)`` of a state file): views of ``numel`` elements into the image."""
+        """The regions (``(p, *moments)`` of a state file): views of ``numel`` elements into the image."""
         lay = self.layout
         r, n = lay.region_bytes(self.numel), lay.dtype.itemsize * self.numel
         return tuple(self.raw[BLOCK + k * r:BLOCK + k * r + n].view(lay.dtype) for k in range(lay.regions))

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import UserError
-from .backend import EpsBackend, adoptable, check_step, read_only
+from .backend import EpsBackend, adoptable, check_optimizer, check_state, check_step, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
@@ -167,9 +167,7 @@ class HlsCsimBackend(EpsBackend):
     def __init__(self, cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> None:
         self.lib = load_library(cxx, cache_dir)
         self._fn = {name: getattr(self.lib, name) for name in KERNEL_NAMES}
-        self._p: dict[int, np.ndarray] = {}
-        self._m: dict[int, np.ndarray] = {}
-        self._v: dict[int, np.ndarray] = {}
+        self._state: dict[int, tuple[np.ndarray, ...]] = {}  # layer -> (p, *moments)
         self._local = threading.local()  # per-thread scratch: the server steps on a worker thread
 
     # ------------------------------------------------------------ host-side staging
@@ -232,31 +230,30 @@ class HlsCsimBackend(EpsBackend):
         return self._scratch("copy", copy_out.shape[0], copy_out.dtype)
 
     # ------------------------------------------------------------ EpsBackend
-    def allocate(self, layer: int, p: np.ndarray) -> None:
+    def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
         p = np.array(p, dtype=np.float32, copy=True, order="C")
         if p.ndim != 1:
             raise ValueError(f"layer {layer}: master weights of shape {p.shape}, expected one dimension")
         if p.shape[0] > MAX_N:
             raise ValueError(f"layer {layer}: {p.shape[0]} elements; the kernels take at most {MAX_N}")
-        self._p[layer] = p
-        self._m[layer] = np.zeros_like(p)
-        self._v[layer] = np.zeros_like(p)
+        self._state[layer] = (p,) + tuple(np.zeros_like(p) for _ in range(moments))
 
-    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+    def adopt(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
         """Takes the arrays themselves when they are writable contiguous fp32 vectors: no copy."""
         if p.shape[0] > MAX_N:
             raise ValueError(f"layer {layer}: {p.shape[0]} elements; the kernels take at most {MAX_N}")
-        self._p[layer], self._m[layer], self._v[layer] = (adoptable(a) for a in (p, m, v))
+        self._state[layer] = tuple(adoptable(a) for a in (p, *moments))
 
     def release(self, layer: int) -> None:
-        for store in (self._p, self._m, self._v):
-            store.pop(layer, None)
+        self._state.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
-        p, m, v = self._p[layer], self._m[layer], self._v[layer]
-        n = p.shape[0]
+        state = self._state[layer]
+        n = state[0].shape[0]
         check_step(grads, copy_out, n, n_decay)  # the shared contract, before any kernel runs
+        check_optimizer(self, scalars, len(state) - 1)
+        p, m, v = state
         block, k, gdtype = self._gradient_block(grads, n)
         c = self._check_copy(copy_out, n)
         g = GRAD_SUFFIX[gdtype]
@@ -271,7 +268,7 @@ class HlsCsimBackend(EpsBackend):
         return finite
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
-        p = self._p[layer]
+        p = self._state[layer][0]
         n = p.shape[0]
         c = self._check_copy(copy_out, n)
         target = self._copy_target(copy_out)
@@ -280,18 +277,16 @@ class HlsCsimBackend(EpsBackend):
             copy_out[...] = target
 
     def read_state(self, layer: int):
-        return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
+        return tuple(a.copy() for a in self._state[layer])
 
     def read_master(self, layer: int) -> np.ndarray:
-        return self._p[layer].copy()
+        return self._state[layer][0].copy()
 
     def state_view(self, layer: int):
-        return tuple(read_only(a[layer]) for a in (self._p, self._m, self._v))
+        return tuple(read_only(a) for a in self._state[layer])
 
-    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        pairs = ((self._p, p), (self._m, m), (self._v, v))
-        for store, src in pairs:  # check all before writing any: no half-loaded layer
-            if np.shape(src) != store[layer].shape:
-                raise ValueError(f"layer {layer}: state of shape {np.shape(src)}, expected {store[layer].shape}")
-        for store, src in pairs:
-            store[layer][...] = src
+    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
+        state = self._state[layer]
+        check_state(layer, (p, *moments), state[0].shape[0], len(state) - 1)
+        for dst, src in zip(state, (p, *moments)):
+            dst[...] = src

@@ -13,7 +13,7 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from .contract import StepScalars
+from .contract import LionScalars, StepScalars
 
 # Elements per pass. Each chunk's several passes (7 live fp32 arrays, 1.8 MiB) stay in the last
 # level cache. Measured on a 2-core EPYC host (16.8M elements, one update): 64K elements beat
@@ -90,6 +90,7 @@ class _Scratch:
         self.a = np.empty(CHUNK, np.float32)
         self.b = np.empty(CHUNK, np.float32)
         self.g = np.empty(CHUNK, np.float32)  # a narrow gradient's chunk, widened
+        self.moved = np.empty(CHUNK, np.bool_)  # Lion: where sign(c) is not zero
 
 
 def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
@@ -144,6 +145,61 @@ def _adamw(p, m, v, g, s: StepScalars, copy_out, scratch: _Scratch, n_decay: int
         np.add(pc, a, out=pc)                     # p' = p1 + (...)
         if copy_out is not None:
             device_copy(pc, copy_out[lo:hi])
+
+
+def lion_update(p: np.ndarray, m: np.ndarray, g: np.ndarray, s: LionScalars,
+                copy_out: np.ndarray | None = None, scratch: _Scratch | None = None,
+                n_decay: int | None = None) -> None:
+    """Lion in place on ``p, m`` from the reduced gradient ``g``; then the device copy.
+
+    The step is the sign of ``c = b1*m + omb1*g``: ``p' = p1 + neg_lr`` where ``c > 0``,
+    ``p1 - neg_lr`` where ``c < 0``, and ``p1`` itself where ``c`` is a zero of either sign
+    (``torch.sign`` is 0 there). Both are exact, so only ``c`` and ``p1`` are rounded.
+    Weight decay applies to ``[0, n_decay)`` as in :func:`adamw_update`.
+    """
+    n = p.shape[0]
+    n_decay = n if n_decay is None else n_decay
+    if not 0 <= n_decay <= n:
+        raise ValueError(f"n_decay {n_decay} outside [0, {n}]")
+    with np.errstate(all="ignore"):
+        _lion(p, m, g, s, copy_out, scratch or _Scratch(), n_decay)
+
+
+def _lion(p, m, g, s: LionScalars, copy_out, scratch: _Scratch, n_decay: int) -> None:
+    n = p.shape[0]
+    s = _ZeroDim(s)
+    for lo in range(0, n, CHUNK):
+        hi = min(lo + CHUNK, n)
+        k = hi - lo
+        pc, mc, gc = p[lo:hi], m[lo:hi], g[lo:hi]
+        a, b, moved = scratch.a[:k], scratch.b[:k], scratch.moved[:k]
+        if gc.dtype != np.float32:
+            scratch.g[:k] = gc
+            gc = scratch.g[:k]
+        d = decayed_part(lo, hi, n_decay)
+        np.multiply(pc[:d], s.decay, out=pc[:d])  # p1 = p * decay; past n_decay p1 = p
+        np.multiply(s.b1, mc, out=a)              # b1 * m
+        np.multiply(s.omb1, gc, out=b)            # omb1 * g
+        np.add(a, b, out=a)                       # c = (b1*m) + (omb1*g)
+        np.not_equal(a, 0, out=moved)             # c is not a zero
+        np.sign(a, out=a)                         # -1 or +1 where moved
+        np.multiply(a, s.neg_lr, out=a)           # -neg_lr or +neg_lr, exactly
+        np.add(pc, a, out=pc, where=moved)        # p' = p1 + (...); p' = p1 where c is zero
+        np.multiply(s.b2, mc, out=mc)             # b2 * m
+        np.multiply(s.omb2, gc, out=b)            # omb2 * g
+        np.add(mc, b, out=mc)                     # m' = (b2*m) + (omb2*g)
+        if copy_out is not None:
+            device_copy(pc, copy_out[lo:hi])
+
+
+def update_rule(scalars):
+    """The golden model's update for these step scalars' optimizer, called as
+    ``rule(p, *moments, g, scalars, copy_out=, scratch=, n_decay=)``."""
+    if isinstance(scalars, StepScalars):
+        return adamw_update
+    if isinstance(scalars, LionScalars):
+        return lion_update
+    raise TypeError(f"not step scalars: {type(scalars).__name__}")
 
 
 class _ZeroDim:

@@ -8,13 +8,14 @@ from typing import Sequence
 import numpy as np
 
 from . import numerics
-from .backend import EpsBackend, adoptable, check_copy, check_step, read_only
+from .backend import EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, read_only
 from .contract import StepScalars
 from .threads import RangePool, available_cpus
 
 
 class NumpyBackend(EpsBackend):
     name = "numpy"
+    optimizers = frozenset({"adamw", "lion"})
 
     @classmethod
     def shares_masters(cls, **options) -> bool:
@@ -25,9 +26,7 @@ class NumpyBackend(EpsBackend):
         process's affinity mask); ``grain``: the elements a thread's range is a multiple of."""
         self.threads = threads or available_cpus()
         self._pool = RangePool(self.threads, grain)
-        self._p: dict[int, np.ndarray] = {}
-        self._m: dict[int, np.ndarray] = {}
-        self._v: dict[int, np.ndarray] = {}
+        self._state: dict[int, tuple[np.ndarray, ...]] = {}  # layer -> (p, *moments)
         self._local = threading.local()  # per-thread scratch: no allocation per update
 
     def describe(self) -> str:
@@ -45,26 +44,27 @@ class NumpyBackend(EpsBackend):
             buf = self._local.reduced = np.empty(n, np.float32)
         return buf[:n]
 
-    def allocate(self, layer: int, p: np.ndarray) -> None:
-        self._p[layer] = np.array(p, dtype=np.float32, copy=True)
-        self._m[layer] = np.zeros_like(self._p[layer])
-        self._v[layer] = np.zeros_like(self._p[layer])
+    def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
+        p = np.array(p, dtype=np.float32, copy=True)
+        self._state[layer] = (p,) + tuple(np.zeros_like(p) for _ in range(moments))
 
-    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+    def adopt(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
         """Takes the arrays themselves when they are writable contiguous fp32 vectors: no copy."""
-        self._p[layer], self._m[layer], self._v[layer] = (adoptable(a) for a in (p, m, v))
+        self._state[layer] = tuple(adoptable(a) for a in (p, *moments))
 
     def master_as_copy(self, layer: int) -> np.ndarray:
-        return self._p[layer]
+        return self._state[layer][0]
 
     def release(self, layer: int) -> None:
-        for store in (self._p, self._m, self._v):
-            store.pop(layer, None)
+        self._state.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
-        n = self._p[layer].shape[0]
+        state = self._state[layer]
+        n = state[0].shape[0]
         check_step(grads, copy_out, n, n_decay)  # the ranges below see only slices of the arguments
+        check_optimizer(self, scalars, len(state) - 1)
+        rule = numerics.update_rule(scalars)
         g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled contribution: itself, widened per chunk
         if g is not None:
             finite = self._pool.map(lambda lo, hi: numerics.all_finite(g[lo:hi]), n)
@@ -74,40 +74,36 @@ class NumpyBackend(EpsBackend):
                 [c[lo:hi] for c in grads], scalars.inv_scale, g[lo:hi]), n)
         if not all(finite):  # every range checked before any is updated: a refused step changes nothing
             return False
-        p, m, v = self._p[layer], self._m[layer], self._v[layer]
-        copy = None if copy_out is p else copy_out
+        copy = None if copy_out is state[0] else copy_out
         n_decay = n if n_decay is None else n_decay
 
         def update(lo: int, hi: int) -> None:
-            numerics.adamw_update(p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], scalars,
-                                  copy_out=None if copy is None else copy[lo:hi], scratch=self._scratch(),
-                                  n_decay=numerics.decayed_part(lo, hi, n_decay))
+            rule(*(a[lo:hi] for a in state), g[lo:hi], scalars,
+                 copy_out=None if copy is None else copy[lo:hi], scratch=self._scratch(),
+                 n_decay=numerics.decayed_part(lo, hi, n_decay))
         self._pool.map(update, n)
         return True
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
-        p = self._p[layer]
+        p = self._state[layer][0]
         check_copy(copy_out, p.shape[0])
         if copy_out is not p:  # the master serving as its own copy is already written
             self._pool.map(lambda lo, hi: numerics.device_copy(p[lo:hi], copy_out[lo:hi]), p.shape[0])
 
     def read_state(self, layer: int):
-        return self._p[layer].copy(), self._m[layer].copy(), self._v[layer].copy()
+        return tuple(a.copy() for a in self._state[layer])
 
     def read_master(self, layer: int) -> np.ndarray:
-        return self._p[layer].copy()
+        return self._state[layer][0].copy()
 
     def state_view(self, layer: int):
-        return tuple(read_only(a[layer]) for a in (self._p, self._m, self._v))
+        return tuple(read_only(a) for a in self._state[layer])
 
-    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        pairs = ((self._p, p), (self._m, m), (self._v, v))
-        for store, src in pairs:  # check all before writing any: no half-loaded layer
-            if src.shape != store[layer].shape:
-                raise ValueError(f"layer {layer}: state of shape {src.shape}, expected {store[layer].shape}")
-        for store, src in pairs:
-            store[layer][...] = src
-
+    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
+        state = self._state[layer]
+        check_state(layer, (p, *moments), state[0].shape[0], len(state) - 1)
+        for dst, src in zip(state, (p, *moments)):
+            dst[...] = src
 
     def close(self) -> None:
         self._pool.close()

@@ -1,4 +1,4 @@
-"""Any EPS backend with its ``p, m, v`` on disk: a window of layers in memory, the rest in files.
+"""Any EPS backend with its state (``p`` and the moments) on disk: a window of layers in memory, the rest in files.
 
 L2L updates entries in a fixed order (backward: the highest entry first, entry 0 last, then
 the next step's backward from the top again; a held step commits in ascending order and
@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import EpsBackend, read_only
+from .backend import EpsBackend, check_state, read_only
 from .contract import StepScalars
 from .disk_tier import DiskTier, IoLedger, Slab
 
@@ -193,18 +193,27 @@ class OffloadedBackend(EpsBackend):
         for _, fut in done:
             self._outcome(fut)
 
-    def _store_now(self, entry: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+    @property
+    def optimizers(self) -> frozenset[str]:
+        return self.inner.optimizers
+
+    def _moments(self) -> int:
+        return self.tier.layout.regions - 1
+
+    def _store_now(self, entry: int, *arrays: np.ndarray) -> None:
         self._forget(entry)
         slab = self.tier.slab(entry)
-        for dst, src in zip(slab.arrays, (p, m, v)):
+        for dst, src in zip(slab.arrays, arrays):
             dst[...] = src
         self.tier.store(slab)
         self._fresh = slab
 
     # ------------------------------------------------------------ EpsBackend
-    def allocate(self, layer: int, p: np.ndarray) -> None:
+    def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
         if layer not in self.tier.numels:
             raise ValueError(f"entry {layer} is not one of the disk tier's")
+        if moments != self._moments():
+            raise ValueError(f"entry {layer}: {moments} moments, the tier's files hold {self._moments()}")
         p = np.asarray(p, dtype=np.float32).reshape(-1)
         if p.shape != (self.tier.numels[layer],):
             raise ValueError(f"entry {layer}: {p.shape[0]} weights, the tier holds {self.tier.numels[layer]}")
@@ -256,12 +265,9 @@ class OffloadedBackend(EpsBackend):
         slab, _ = self._current(layer)
         return tuple(read_only(a) for a in slab.arrays)
 
-    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
-        n = self.tier.numels[layer]
-        for a in (p, m, v):  # check all before writing any
-            if np.shape(a) != (n,):
-                raise ValueError(f"layer {layer}: state of shape {np.shape(a)}, expected ({n},)")
-        self._store_now(layer, p, m, v)
+    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
+        check_state(layer, (p, *moments), self.tier.numels[layer], self._moments())
+        self._store_now(layer, p, *moments)
 
     def flush(self) -> None:
         """Wait for every pending write (raising the first that failed): the files, and the

@@ -32,7 +32,7 @@ import numpy as np
 from .. import kernels
 from ..errors import UserError
 from ..hostmem import aligned_empty
-from .backend import EpsBackend, adoptable, check_copy, check_step, read_only
+from .backend import EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, read_only
 from .contract import StepScalars
 from .numerics import COPY_DTYPES
 from .threads import available_cpus
@@ -58,6 +58,7 @@ KERNEL_ARGS = {"check": 5, "update": 18, "copy": 3}  # per fpga/ARGS.md (the upd
 BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
                "update": {"gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5},
                "copy": {"p": 0, "copy": 1}}
+STATE_ARGS = ("p", "m", "v")  # a layer's state buffers, by their fpga/ARGS.md names
 PROBE_N = 4 * 16 + 3  # elements of the zero-copy probe: whole vectors of either width and a tail
 
 _PROBE = """
@@ -274,6 +275,7 @@ class OpenCLBackend(EpsBackend):
         self._state: dict[int, tuple] = {}  # layer -> its (p, m, v) buffers
         self._host: dict[int, tuple[np.ndarray, ...]] = {}  # layer -> the host arrays they wrap (zero-copy)
         self._numel: dict[int, int] = {}
+        self._moments: dict[int, int] = {}  # layer -> its optimizer's moments (no buffers when empty)
         self._scratch: dict[str, object] = {}
         self._last_args: dict[str, tuple] = {}
         self._host_buffers: dict[tuple[int, int, str], object] = {}
@@ -436,13 +438,13 @@ class OpenCLBackend(EpsBackend):
         return True
 
     def _wrap_state(self, layer: int, arrays: tuple[np.ndarray, ...]) -> None:
-        """Make host arrays ``(p, m, v)`` the layer's state: each wrapped by a buffer bound to
+        """Make host arrays ``(p, *moments)`` the layer's state: each wrapped by a buffer bound to
         its argument (none for an empty layer: no zero-length buffer)."""
         n = arrays[0].shape[0]
         self._host[layer] = arrays
         self._state[layer] = tuple(self._new_buffer(a.nbytes, *self._home(arg), hostbuf=_bytes_view(a))
-                                   for a, arg in zip(arrays if n else (), "pmv"))
-        self._numel[layer] = n
+                                   for a, arg in zip(arrays if n else (), STATE_ARGS))
+        self._numel[layer], self._moments[layer] = n, len(arrays) - 1
 
     def _kernel_array(self, a: np.ndarray) -> np.ndarray:
         """``a`` itself where the kernels may keep and update it (:func:`adoptable`, aligned
@@ -526,47 +528,47 @@ class OpenCLBackend(EpsBackend):
         return buf, k
 
     # ------------------------------------------------------------ EpsBackend
-    def allocate(self, layer: int, p: np.ndarray) -> None:
+    def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
         cl = self._cl
         p = np.ascontiguousarray(p, dtype=np.float32)
         n = p.shape[0]
         if self._zero_copy:  # p copied, zero moments: host arrays the kernels work in
-            arrays = tuple(aligned_empty(n, np.float32, self._host_align) for _ in range(3))
+            arrays = tuple(aligned_empty(n, np.float32, self._host_align) for _ in range(1 + moments))
             arrays[0][...] = p
             for a in arrays[1:]:
                 a[...] = 0.0
             self._wrap_state(layer, arrays)
             return
-        bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in ("p", "m", "v"))
+        bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in STATE_ARGS[:1 + moments])
         if n:
             cl.enqueue_copy(self.queue, bufs[0], p)
             zeros = np.zeros(n, np.float32)
-            cl.enqueue_copy(self.queue, bufs[1], zeros)
-            cl.enqueue_copy(self.queue, bufs[2], zeros)
+            for buf in bufs[1:]:
+                cl.enqueue_copy(self.queue, buf, zeros)
         self.queue.finish()
         self._state[layer] = bufs
-        self._numel[layer] = n
+        self._numel[layer], self._moments[layer] = n, moments
 
-    def adopt(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+    def adopt(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
         """On a CPU device the arrays themselves where the kernels may work in them
         (:meth:`_kernel_array`): no copy. Elsewhere new buffers filled from them at once
         (allocate and write_state would write the moments twice)."""
         if self._zero_copy:
-            arrays = [self._kernel_array(a) for a in (p, m, v)]
+            arrays = [self._kernel_array(a) for a in (p, *moments)]
         else:
-            arrays = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (p, m, v)]
+            arrays = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (p, *moments)]
         n = arrays[0].shape[0]
         if any(a.shape != (n,) for a in arrays):
-            raise ValueError(f"layer {layer}: p, m, v of shapes {[a.shape for a in arrays]}")
+            raise ValueError(f"layer {layer}: state of shapes {[a.shape for a in arrays]}")
         if self._zero_copy:
             self._wrap_state(layer, tuple(arrays))
             return
-        bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in ("p", "m", "v"))
+        bufs = tuple(self._new_buffer(4 * n, *self._home(arg)) for arg in STATE_ARGS[:len(arrays)])
         for host, dev in zip(arrays, bufs if n else ()):
             self._cl.enqueue_copy(self.queue, dev, host, is_blocking=False)
         self.queue.finish()  # the host arrays may go once this returns
         self._state[layer] = bufs
-        self._numel[layer] = n
+        self._numel[layer], self._moments[layer] = n, len(arrays) - 1
 
     def master_as_copy(self, layer: int) -> np.ndarray | None:
         """The host array ``p`` on a CPU device: the update kernel then gets its buffer as the
@@ -582,12 +584,14 @@ class OpenCLBackend(EpsBackend):
         self._state.pop(layer, None)
         self._host.pop(layer, None)
         self._numel.pop(layer, None)
+        self._moments.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         cl = self._cl
         n = self._numel[layer]
         check_step(grads, copy_out, n, n_decay)  # before anything is enqueued: a refused step writes nothing
+        check_optimizer(self, scalars, self._moments[layer])
         if n == 0:
             return True
         g, c, s = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype], scalars
@@ -650,13 +654,13 @@ class OpenCLBackend(EpsBackend):
             copy_out[...] = dense
 
     def read_state(self, layer: int):
-        return self._read(layer, 3)
+        return self._read(layer, 1 + self._moments[layer])
 
     def read_master(self, layer: int) -> np.ndarray:
         return self._read(layer, 1)[0]
 
     def _read(self, layer: int, regions: int) -> tuple[np.ndarray, ...]:
-        """Host copies of the first ``regions`` of the layer's ``p, m, v``."""
+        """Host copies of the first ``regions`` of the layer's ``(p, *moments)``."""
         if layer in self._host:
             self.queue.finish()
             return tuple(a.copy() for a in self._host[layer][:regions])
@@ -667,12 +671,10 @@ class OpenCLBackend(EpsBackend):
         self.queue.finish()
         return out
 
-    def write_state(self, layer: int, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> None:
+    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
         n = self._numel[layer]
-        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (p, m, v)]
-        for a in arrays:  # check all before writing any
-            if a.shape != (n,):
-                raise ValueError(f"layer {layer}: state of shape {a.shape}, expected ({n},)")
+        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (p, *moments)]
+        check_state(layer, arrays, n, self._moments[layer])
         if layer in self._host:
             self.queue.finish()
             for dst, src in zip(self._host[layer], arrays):

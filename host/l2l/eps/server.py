@@ -34,7 +34,7 @@ from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .copy_window import DiskCopies
 from .disk_tier import IoLedger, timeline
-from .contract import AdamWHyper, StepScalars
+from .contract import OPTIMIZERS, OptimizerHyper, inv_scale, step_scalars
 from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
 from .shards import BLOCK
 
@@ -67,7 +67,7 @@ class UpdateRecord:
 
 
 class EagerParamServer:
-    def __init__(self, backend: EpsBackend, hyper: AdamWHyper, *, copy_dtype: str = "fp32",
+    def __init__(self, backend: EpsBackend, hyper: OptimizerHyper, *, copy_dtype: str = "fp32",
                  grad_dtype: str = "fp32", contributors: int = 1,
                  host_alloc: HostAlloc = aligned_empty,
                  all_reduce: Callable[[int, np.ndarray], None] | None = None,
@@ -91,6 +91,10 @@ class EagerParamServer:
         self.backend = backend
         self.choice = None  # how the backend was chosen (l2l.eps.choice.EpsChoice), for the run's record
         self.hyper = hyper  # read at push time: a schedule may change lr between steps
+        self.optimizer = OPTIMIZERS[hyper.optimizer]  # fixed for the run: it shapes the state
+        if self.optimizer.name not in backend.optimizers:
+            raise UserError(f"the {backend.name} EPS does not run {self.optimizer.name} "
+                            f"(it runs {', '.join(sorted(backend.optimizers))})")
         self.copy_dtype = COPY_DTYPES[copy_dtype]
         self.grad_dtype = GRAD_DTYPES[grad_dtype]
         self.contributors = contributors
@@ -143,7 +147,7 @@ class EagerParamServer:
         self._steps[layer] = 0
         shared = None
         if self._on_backend(layer):
-            self.backend.allocate(layer, self._local(layer, p))
+            self.backend.allocate(layer, self._local(layer, p), len(self.optimizer.moments))
             if self._on_disk(layer):
                 self._store_copy(layer)
                 return
@@ -334,7 +338,7 @@ class EagerParamServer:
                     self._update, layer, None, [], hyper, divisor / coef, loss_scale)
         return CommitResult(True, norm, coef)
 
-    def _check(self, layer: int, previous: Future | None, ready: list, hyper: AdamWHyper,
+    def _check(self, layer: int, previous: Future | None, ready: list, hyper: OptimizerHyper,
                divisor: float, loss_scale: float):
         try:
             if previous is not None:
@@ -343,8 +347,7 @@ class EagerParamServer:
                 if wait is not None:
                     wait()
             start = time.perf_counter()
-            scalars = StepScalars.compute(hyper, 1, loss_scale, divisor)  # only inv_scale is used
-            finite, sumsqs = self._held_check(layer, scalars.inv_scale)
+            finite, sumsqs = self._held_check(layer, inv_scale(loss_scale, divisor))
             self.update_seconds += time.perf_counter() - start
             return finite, sumsqs, divisor, loss_scale, hyper
         except BaseException as exc:
@@ -465,7 +468,7 @@ class EagerParamServer:
             self.poll()
 
     # ----------------------------------------------------------- worker
-    def _update(self, layer: int, previous: Future | None, ready: list, hyper: AdamWHyper,
+    def _update(self, layer: int, previous: Future | None, ready: list, hyper: OptimizerHyper,
                 divisor: float, loss_scale: float) -> UpdateRecord:
         try:
             if previous is not None:
@@ -475,7 +478,7 @@ class EagerParamServer:
                     wait()
             start = time.perf_counter()
             t = self._steps[layer] + 1
-            finite = self._apply(layer, StepScalars.compute(hyper, t, loss_scale, divisor))
+            finite = self._apply(layer, step_scalars(hyper, t, loss_scale, divisor))
             self._return_inbox(layer)
             if finite:
                 self._steps[layer] = t
@@ -488,7 +491,7 @@ class EagerParamServer:
                 self._error = exc
             raise
 
-    def _apply(self, layer: int, scalars: StepScalars) -> bool:
+    def _apply(self, layer: int, scalars) -> bool:
         """Reduce the layer's gradients and, when finite, update it and its device copy."""
         grads = self._summed.pop(layer, None)
         if grads is None:
@@ -536,7 +539,8 @@ class EagerParamServer:
 
     # ----------------------------------------------------------- checkpoints
     def state_tensors(self) -> dict[str, np.ndarray]:
-        """``layer{i}.p/.m/.v`` fp32 arrays of every layer (after pending updates): a snapshot."""
+        """``layer{i}.<state>`` fp32 arrays of every layer (``p`` and the optimizer's moments:
+        ``.m``, ``.v`` for AdamW), after pending updates: a snapshot."""
         return {k: np.array(a) for k, a in self.state_arrays().items()}
 
     def state_arrays(self) -> LazyArrays:
@@ -546,19 +550,20 @@ class EagerParamServer:
         return self._backend_state({layer: self._numel[layer] for layer in self.layers})
 
     def _backend_state(self, lengths: dict[int, int]) -> LazyArrays:
-        """``layer{i}.p/.m/.v`` of the layers in ``lengths`` (what the backend holds of each: its
+        """``layer{i}.<state>`` of the layers in ``lengths`` (what the backend holds of each: its
         length), read from the backend one entry at a time, after the pending updates."""
         self.synchronize()
         last: dict[int, tuple[np.ndarray, ...]] = {}
+        names = self.optimizer.state
 
         def read(key: str) -> np.ndarray:
             layer = int(key[len("layer"):key.index(".")])
             if layer not in last:
                 last.clear()
                 last[layer] = self.backend.state_view(layer) if self._on_backend(layer) else \
-                    (np.zeros(0, np.float32),) * 3
-            return last[layer]["pmv".index(key[-1])]
-        specs = {f"layer{layer}.{k}": ((n,), np.dtype(np.float32)) for layer, n in lengths.items() for k in "pmv"}
+                    (np.zeros(0, np.float32),) * len(names)
+            return last[layer][names.index(key[key.index(".") + 1:])]
+        specs = {f"layer{layer}.{k}": ((n,), np.dtype(np.float32)) for layer, n in lengths.items() for k in names}
         return LazyArrays(specs, read)
 
     def master(self, layer: int) -> np.ndarray:
@@ -572,17 +577,22 @@ class EagerParamServer:
 
     def state_meta(self) -> dict:
         return {"steps": {str(k): v for k, v in self._steps.items()},
-                "n_decay": {str(k): v for k, v in self._n_decay.items()}}
+                "n_decay": {str(k): v for k, v in self._n_decay.items()},
+                "optimizer": self.optimizer.name}
 
     def load_state(self, tensors: Mapping[str, np.ndarray], meta: dict) -> None:
         """Replace every layer's state: every name, shape and step count is checked before
         anything is written, then each layer is read and written in turn (from a
         checkpoint's lazy arrays, one layer's state at a time)."""
         self.synchronize()
+        saved_opt = meta.get("optimizer", "adamw")  # checkpoints from before Lion are AdamW's
+        if saved_opt != self.optimizer.name:
+            raise ValueError(f"the checkpoint holds {saved_opt} state, this run's optimizer is {self.optimizer.name}")
+        names = self.optimizer.state
         staged = {}
         for layer in self.layers:
             try:
-                specs = [spec_of(tensors, f"layer{layer}.{k}") for k in "pmv"]
+                specs = [spec_of(tensors, f"layer{layer}.{k}") for k in names]
                 steps = int(meta["steps"][str(layer)])
             except KeyError as exc:
                 raise ValueError(f"checkpoint lacks {exc.args[0]}") from None
@@ -592,19 +602,19 @@ class EagerParamServer:
                 raise ValueError(f"layer{layer}: the checkpoint weight-decays {saved} of its {self._numel[layer]} "
                                  f"elements, this run {self._n_decay[layer]}: another parameter grouping "
                                  f"(--weight-decay-all decays every element, as runs before the groups did)")
-            for name, (shape, dtype) in zip("pmv", specs):
+            for name, (shape, dtype) in zip(names, specs):
                 if shape != (self._numel[layer],) or dtype != np.float32:
                     raise ValueError(f"layer{layer}.{name}: {dtype}{list(shape)}, "
                                      f"expected float32[{self._numel[layer]}]")
             staged[layer] = steps
         for layer, steps in staged.items():
-            p, m, v = (tensors[f"layer{layer}.{k}"] for k in "pmv")
+            state = [tensors[f"layer{layer}.{k}"] for k in names]
             self._steps[layer] = steps
             if self._on_backend(layer):
-                self.backend.write_state(layer, *(self._local(layer, a) for a in (p, m, v)))
+                self.backend.write_state(layer, *(self._local(layer, a) for a in state))
                 if self._on_disk(layer):
                     self._store_copy(layer)
                     continue
             if layer in self._copies:
-                self._fill_copy(layer, p)
-            del p, m, v
+                self._fill_copy(layer, state[0])
+            del state

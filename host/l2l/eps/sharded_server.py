@@ -200,12 +200,13 @@ class ShardedParamServer(EagerParamServer):
                            "(state_pieces, checkpoint.save_sharded_checkpoint)")
 
     def state_pieces(self) -> tuple[LazyArrays, dict[str, int], dict[str, int]]:
-        """This machine's part of every ``layer{i}.p/.m/.v``, read from the backend one entry at a
+        """This machine's part of every ``layer{i}.<state>`` (p and the moments), read from the backend one entry at a
         time as asked for (after the pending updates), where each part starts, and every whole
         array's length: what :func:`~l2l.checkpoint.save_sharded_checkpoint` writes."""
         mine = {layer: self.layout.slice_of(layer, self.rank) for layer in self.layers}
-        starts = {f"layer{layer}.{k}": s.lo for layer, s in mine.items() for k in "pmv"}
-        numels = {f"layer{layer}.{k}": self._numel[layer] for layer in self.layers for k in "pmv"}
+        names = self.optimizer.state
+        starts = {f"layer{layer}.{k}": s.lo for layer, s in mine.items() for k in names}
+        numels = {f"layer{layer}.{k}": self._numel[layer] for layer in self.layers for k in names}
         return self._backend_state({layer: s.numel for layer, s in mine.items() if s.numel}), starts, numels
 
     def master(self, layer: int) -> np.ndarray:

@@ -76,13 +76,13 @@ def measure_backend(backend, numel: int = 4 << 20, repeats: int = 3) -> float:
     """Elements/s of one update of a ``numel``-element layer on ``backend`` (layer 0 is taken)."""
     import numpy as np
 
-    from ..eps import AdamWHyper, StepScalars
+    from ..eps import OptimizerHyper, StepScalars
     rng = np.random.default_rng(0)
     backend.allocate(0, rng.standard_normal(numel, dtype=np.float32))
     grads = (rng.standard_normal((1, numel), dtype=np.float32) * np.float32(1e-3))
     copy = np.empty(numel, np.float32)
     step = iter(range(1, 1 << 30))
-    hyper = AdamWHyper()
+    hyper = OptimizerHyper()
 
     def run():
         backend.step(0, grads, StepScalars.compute(hyper, next(step), divisor=1.0), copy)
