@@ -32,6 +32,24 @@ def test_bench_eps_writes_json_and_table(tmp_path):
     assert "| EPS numpy: step() |" in table and "torch AdamW(fused)" in table and "Roofline" in table
 
 
+def test_bench_eps_times_lion_with_its_own_bytes(tmp_path):
+    """``--optimizer lion`` from the command line: p and m (8 bytes) read and written, the torch
+    row is the plain engine's Lion; a backend that does not run Lion says so in its row."""
+    from l2l.eps import BACKENDS
+    r = run_cli("bench", "eps", "--optimizer", "lion", "--numel", "4096", "--repeats", "1", "--warmup", "1",
+                "--no-deepspeed", "--threads", "1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "bench_eps.json").read_text())
+    rows = {x["method"]: x for x in result["rows"]}
+    assert result["minimum_bytes_per_elem"] == 4 + 16 + 4
+    assert rows["numpy"]["status"] == "ok" and rows["numpy"]["bytes_per_elem"] == 4 + 4 + 16 + 4
+    for name, cls in BACKENDS.items():
+        if cls.availability()[0] and "lion" not in cls.optimizers:
+            assert rows[name]["status"] == "unavailable: does not run lion", rows[name]
+    assert rows["torch-fused"]["status"] == "ok" and "l2l.lion" in rows["torch-fused"]["label"]
+    assert rows["deepspeed-cpu-lion"]["status"] == "skipped"
+
+
 def test_bench_eps_mixed_dtypes_and_contributions(tmp_path):
     argv = ["--numel", "1000", "-k", "3", "--grad-dtype", "bf16", "--copy-dtype", "fp16", "--threads", "1",
             "--repeats", "1", "--warmup", "0", "--no-deepspeed", "--out", str(tmp_path)]

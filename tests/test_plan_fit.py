@@ -196,6 +196,18 @@ def test_cli_fits_two_gib(tmp_path):
     assert out["params"] == predict(TrainConfig(layers=out["layers"]), CPU_RATES).params
 
 
+def test_lion_fits_a_model_a_fifth_larger_than_adamw():
+    """Lion keeps one moment (8 bytes of state a parameter, not 12): in the same host memory
+    ``--fit`` names a model at least 1.2x AdamW's, and the train line carries the optimizer."""
+    found = {}
+    for optimizer in ("adamw", "lion"):
+        r = run_cli("plan", "--fit", "--host-memory", "2", "--optimizer", optimizer, "--json")
+        assert r.returncode == 0, r.stderr
+        found[optimizer] = json.loads(r.stdout)
+    assert found["lion"]["params"] >= 1.2 * found["adamw"]["params"], found
+    assert "--optimizer lion" in found["lion"]["train"] and "--optimizer" not in found["adamw"]["train"]
+
+
 def test_cli_fits_a_width_and_a_device_limit():
     """``--device cuda --device-memory`` plans for a GPU, with or without one here."""
     r = run_cli("plan", "--fit", "d-model", "--heads", "6", "--layers", "3", "--device", "cuda",

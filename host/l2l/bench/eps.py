@@ -1,13 +1,15 @@
 """``l2l bench eps``: elements per second of one full EPS layer update, against memory bandwidth.
 
 One update is what the EPS does per layer: reduce K gradient contributions
-(sum, scale, finite check), AdamW on fp32 ``p, m, v``, and the device copy in
-the copy dtype. It is memory-bound on any CPU, so every method is reported
+(sum, scale, finite check), the optimizer (``--optimizer``: AdamW on fp32 ``p, m, v``, Lion
+on ``p, m``), and the device copy in the copy dtype. It is memory-bound on any CPU, so every method is reported
 with the bytes per element it moves (counted from its implementation, per
 method), the bandwidth that implies, and the fraction of this machine's
 bandwidth roofline measured in the same run, plus the ratio to torch's fused
 CPU AdamW doing the same job. Peers: torch.optim.AdamW(fused=True) and, when
-importable, DeepSpeedCPUAdam (never a dependency).
+importable, DeepSpeedCPUAdam (never a dependency). torch has no Lion: for Lion the
+torch row is the plain engine's ``l2l.lion.Lion`` (per-op, unfused), and the peer
+DeepSpeedCPULion when importable.
 
 Thread counts (``--threads N ...``, default 1 and the CPUs of this process's
 affinity): each CPU method runs at each count -- the NumPy EPS with N threads,
@@ -44,7 +46,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..eps import BACKENDS, OptimizerHyper, StepScalars, make_backend
+from ..eps import BACKENDS, OPTIMIZERS, OptimizerHyper, make_backend
+from ..eps.contract import inv_scale as inv_scale_of, step_scalars
+from ..lion import Lion
 from ..eps.choice import EpsChoice, choose
 from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES
 from ..eps.threads import available_cpus
@@ -135,39 +139,43 @@ def _inputs(n: int, k: int, gdtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------- EPS backends
 
-def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0) -> tuple[float, str]:
+def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0,
+               optimizer: str = "adamw") -> tuple[float, str]:
     """Bytes per element the backend's step moves, read off its implementation. ``inv_scale``
-    as the step sees it (binary32): the NumPy EPS's path depends on it."""
+    as the step sees it (binary32): the NumPy EPS's path depends on it. The state (``p`` and
+    the optimizer's moments: p,m,v 12 bytes for AdamW, p,m 8 for Lion) is read and written once."""
+    state = OPTIMIZERS[optimizer].state
+    names, sb = ",".join(state), 4 * len(state)
     if name == "numpy":
         if k == 1 and np.float32(inv_scale) == np.float32(1.0):
             note = (f"one contribution, inv_scale 1: no reduced gradient (numerics.unreduced); the finite "
                     f"check reads the grads {gs}, the update reads them again {gs} (widened per chunk, in cache) "
-                    f"+ p,m,v 12, writes p,m,v 12 and the copy {cs} (chunked: the rest stays in cache)")
-            return gs + gs + 24 + cs, note
+                    f"+ {names} {sb}, writes {names} {sb} and the copy {cs} (chunked: the rest stays in cache)")
+            return gs + gs + 2 * sb + cs, note
         note = (f"reduce (numerics.reduce_gradients): grads read {k}x{gs}, reduced g written 4 (scale and finite "
-                f"check per chunk, in cache); AdamW reads p,m,v,g 16, writes p,m,v 12; copy written {cs} "
-                f"(chunked: the rest stays in cache)")
-        return k * gs + 4 + 16 + 12 + cs, note
+                f"check per chunk, in cache); {optimizer} reads {names},g {sb + 4}, writes {names} {sb}; copy "
+                f"written {cs} (chunked: the rest stays in cache)")
+        return k * gs + 4 + sb + 4 + sb + cs, note
     if name == "opencl":
         note = (f"CPU device, zero-copy host buffers: check kernel reads grads {k}x{gs}; update kernel reads "
-                f"grads {k}x{gs} + p,m,v 12, writes p,m,v 12 and the copy {cs}")
-        return 2 * k * gs + 24 + cs, note
+                f"grads {k}x{gs} + {names} {sb}, writes {names} {sb} and the copy {cs}")
+        return 2 * k * gs + 2 * sb + cs, note
     if name == "hls-csim":
         note = (f"check kernel reads grads {k}x{gs}; update kernel reads grads {k}x{gs} (into a local tile) "
-                f"+ p,m,v 12, writes p,m,v 12 and the copy {cs}")
-        return 2 * k * gs + 24 + cs, note
-    return k * gs + 24 + cs, "algorithmic minimum (implementation not inspected)"
+                f"+ {names} {sb}, writes {names} {sb} and the copy {cs}")
+        return 2 * k * gs + 2 * sb + cs, note
+    return k * gs + 2 * sb + cs, "algorithmic minimum (implementation not inspected)"
 
 
 def _eps_step(backend, p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float) -> Callable[[], None]:
     """``step()`` on layer 0 of ``backend`` as the EPS calls it per layer."""
-    backend.allocate(0, p0)
+    backend.allocate(0, p0, len(OPTIMIZERS[hyper.optimizer].moments))
     copy_out = aligned_empty(p0.shape[0], copy_dtype)  # as the EPS server allocates it: line-aligned
     copy_out[:] = 0
     counter = itertools.count(1)
 
     def run():
-        scalars = StepScalars.compute(hyper, next(counter), divisor=1.0 / inv_scale)
+        scalars = step_scalars(hyper, next(counter), divisor=1.0 / inv_scale)
         if not backend.step(0, grads, scalars, copy_out):
             raise RuntimeError("benchmark gradients were not finite")
     return run
@@ -183,10 +191,13 @@ def _eps_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float,
     HLS C-simulation once (it is one thread whatever the count)."""
     methods, opened = [], []
     k, gs, cs = len(grads), grads[0].dtype.itemsize, copy_dtype.itemsize
-    inv = StepScalars.compute(hyper, 1, divisor=1.0 / inv_scale).inv_scale
+    inv = inv_scale_of(divisor=1.0 / inv_scale)
 
     def add(name: str, count: int | None, note: str, **options) -> None:
         label = f"EPS {name}: step()"
+        if hyper.optimizer not in BACKENDS[name].optimizers:
+            methods.append(Method(name, label, count, note, status=f"unavailable: does not run {hyper.optimizer}"))
+            return
         try:
             backend = make_backend(name, **options)
         except Exception as exc:  # noqa: BLE001 -- a count the device cannot run is a row that says why
@@ -201,7 +212,7 @@ def _eps_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float,
             cus = device.max_compute_units
             note = f"{cus} OpenCL compute unit{'s' if cus > 1 else ''} of {device.name.strip()}" + (
                 " (a sub-device)" if getattr(device, "parent_device", None) else "")
-        nbytes, counted = _eps_bytes(name, k, gs, cs, inv)
+        nbytes, counted = _eps_bytes(name, k, gs, cs, inv, hyper.optimizer)
         if getattr(backend, "streaming_stores", False):
             counted += " (the copy with streaming stores: no write-allocate read of it)"
         methods.append(Method(name, label, ran_on, note, nbytes, counted,
@@ -282,8 +293,10 @@ def _optimizer_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: 
         return p, p.grad, torch.empty(n, dtype=_TORCH_DTYPES[copy_dtype])
 
     kw = {"lr": hyper.lr, "betas": (hyper.beta1, hyper.beta2), "eps": hyper.eps, "weight_decay": hyper.weight_decay}
-    step_note = "step reads p,m,v,g 16, writes p,m,v 12"
     torch_note = "torch.set_num_threads (OpenMP)"
+    if hyper.optimizer == "lion":
+        return _lion_methods(full_job, tensors, counts, hyper, around, around_note, torch_note, deepspeed)
+    step_note = "step reads p,m,v,g 16, writes p,m,v 12"
     methods = []
     for t in counts:
         p, gbuf, copy = tensors()
@@ -318,6 +331,45 @@ def _optimizer_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: 
         methods.append(Method("deepspeed-cpu-adam", label, t, runtime, 28 + around,
                               f"{step_note}; {around_note}", full_job(ds, p, gbuf, copy), omp_threads=t))
     return methods, {"status": "ok", "threads_from": runtime, "own_runtimes": own}
+
+
+def _lion_methods(full_job, tensors, counts, hyper: OptimizerHyper, around: int, around_note: str,
+                  torch_note: str, deepspeed: bool) -> tuple[list[Method], dict]:
+    """Lion's torch rows: the plain engine's l2l.lion.Lion (torch has none; per-op, each op a
+    pass over memory) doing the whole job, and DeepSpeedCPULion when importable."""
+    kw = {"lr": hyper.lr, "betas": (hyper.beta1, hyper.beta2), "weight_decay": hyper.weight_decay}
+    # mul_(decay) r4 w4; m*b1 r4 w4; g*omb1 r4 w4; add r8 w4; sign r4 w4; mul_ r4 w4; p+step r8 w4;
+    # c != 0 r4 w1; where r9 w4; copy_ r4 w4; m*b2 in place r4 w4; g*omb2 r4 w4; add_ r8 w4
+    step_bytes, step_note = 133, "l2l.lion.Lion step: 13 whole-tensor passes (its ops read 73, write 60 bytes)"
+    methods = []
+    for t in counts:
+        p, gbuf, copy = tensors()
+        opt = Lion([p], **kw)
+        methods += [
+            Method("torch-fused", "torch Lion (l2l.lion, unfused) + reduce + check + cast", t, torch_note,
+                   step_bytes + around, f"{step_note}; {around_note}", full_job(opt, p, gbuf, copy), omp_threads=t),
+            Method("torch-fused-step", "torch Lion (l2l.lion, unfused) step alone", t, torch_note, float(step_bytes),
+                   step_note, opt.step, omp_threads=t),
+        ]
+    label = "DeepSpeedCPULion + reduce + check + cast"
+    if not deepspeed:
+        return methods + [Method("deepspeed-cpu-lion", label, None, status="skipped")], {"status": "skipped"}
+    try:
+        from deepspeed.ops.lion import DeepSpeedCPULion
+        p, gbuf, copy = tensors()
+        DeepSpeedCPULion([p], **kw).step()
+    except ImportError:
+        return methods + [Method("deepspeed-cpu-lion", label, None, status="not installed")], {"status": "not installed"}
+    except Exception as exc:  # noqa: BLE001 -- a peer that fails to load is reported, not fatal
+        status = f"unusable: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
+        return methods + [Method("deepspeed-cpu-lion", label, None, status=status)], {"status": status}
+    for t in counts:
+        p, gbuf, copy = tensors()
+        ds = DeepSpeedCPULion([p], **kw)
+        methods.append(Method("deepspeed-cpu-lion", label, t, "OpenMP", 20 + around,
+                              f"step reads p,m,g 12, writes p,m 8; {around_note}", full_job(ds, p, gbuf, copy),
+                              omp_threads=t))
+    return methods, {"status": "ok"}
 
 
 # ---------------------------------------------------------------- roofline
@@ -481,7 +533,7 @@ def run(args: argparse.Namespace) -> dict:
     n, k = args.numel, args.contributions
     counts = args.threads
     gdtype, cdtype = GRAD_DTYPES[args.grad_dtype], COPY_DTYPES[args.copy_dtype]
-    hyper = OptimizerHyper()
+    hyper = OptimizerHyper(optimizer=args.optimizer)
     load_before = os.getloadavg()[0]
     torch_threads = torch.get_num_threads()
     roof_threads = max(max(counts), available_cpus())
@@ -502,7 +554,7 @@ def run(args: argparse.Namespace) -> dict:
     kernels = [_row(m, n) for m in stream]
     best = max(kernels, key=lambda r: r["gb_s"])
     roofline = best["gb_s"]
-    minimum = k * gdtype.itemsize + 24 + cdtype.itemsize
+    minimum = k * gdtype.itemsize + 2 * OPTIMIZERS[args.optimizer].state_bytes + cdtype.itemsize
     rows = [_row(m, n) for m in methods]
     refs = {r["threads"]: r["elems_per_s"] for r in rows if r["method"] == "torch-fused"}
     roofs = _round_rooflines(stream, n)
@@ -664,6 +716,8 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="l2l bench eps", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--numel", type=int, default=16 << 20, help="elements in the layer (default %(default)s)")
     p.add_argument("-k", "--contributions", type=int, default=1, help="gradient contributions K (default 1)")
+    p.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw",
+                   help="the update timed: adamw (p, m, v) or lion (p, m) (default adamw)")
     p.add_argument("--grad-dtype", choices=list(GRAD_DTYPES), default="fp32")
     p.add_argument("--copy-dtype", choices=list(COPY_DTYPES), default="fp32")
     p.add_argument("--inv-scale", type=float, default=1.0, help="1 / (loss scale * divisor) (default 1)")

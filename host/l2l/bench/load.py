@@ -123,7 +123,7 @@ def _measure(opts: dict) -> dict:
     eps = engine.eps
     out["params"] = sum(eps.numel(i) for i in eps.layers)
     out["copy_bytes"] = eps.copy_dtype.itemsize
-    out["eps_state_bytes"] = sum(eps.numel(i) * (12 + eps.copy_dtype.itemsize) for i in eps.layers)
+    out["eps_state_bytes"] = sum(eps.numel(i) * (eps.optimizer.state_bytes + eps.copy_dtype.itemsize) for i in eps.layers)
     out["layers"] = len(eps.layers)
 
     g = torch.Generator().manual_seed(0)

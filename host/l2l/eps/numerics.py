@@ -90,7 +90,6 @@ class _Scratch:
         self.a = np.empty(CHUNK, np.float32)
         self.b = np.empty(CHUNK, np.float32)
         self.g = np.empty(CHUNK, np.float32)  # a narrow gradient's chunk, widened
-        self.moved = np.empty(CHUNK, np.bool_)  # Lion: where sign(c) is not zero
 
 
 def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
@@ -154,7 +153,8 @@ def lion_update(p: np.ndarray, m: np.ndarray, g: np.ndarray, s: LionScalars,
 
     The step is the sign of ``c = b1*m + omb1*g``: ``p' = p1 + neg_lr`` where ``c > 0``,
     ``p1 - neg_lr`` where ``c < 0``, and ``p1`` itself where ``c`` is a zero of either sign
-    (``torch.sign`` is 0 there). Both are exact, so only ``c`` and ``p1`` are rounded.
+    (``torch.sign`` is 0 there). Computed as ``p1 + neg_lr * sign(c)``: NumPy's sign is +0 at
+    either zero, so the step there is -0, and ``p1 + -0`` is ``p1``, its sign of zero included.
     Weight decay applies to ``[0, n_decay)`` as in :func:`adamw_update`.
     """
     n = p.shape[0]
@@ -172,7 +172,7 @@ def _lion(p, m, g, s: LionScalars, copy_out, scratch: _Scratch, n_decay: int) ->
         hi = min(lo + CHUNK, n)
         k = hi - lo
         pc, mc, gc = p[lo:hi], m[lo:hi], g[lo:hi]
-        a, b, moved = scratch.a[:k], scratch.b[:k], scratch.moved[:k]
+        a, b = scratch.a[:k], scratch.b[:k]
         if gc.dtype != np.float32:
             scratch.g[:k] = gc
             gc = scratch.g[:k]
@@ -181,10 +181,9 @@ def _lion(p, m, g, s: LionScalars, copy_out, scratch: _Scratch, n_decay: int) ->
         np.multiply(s.b1, mc, out=a)              # b1 * m
         np.multiply(s.omb1, gc, out=b)            # omb1 * g
         np.add(a, b, out=a)                       # c = (b1*m) + (omb1*g)
-        np.not_equal(a, 0, out=moved)             # c is not a zero
-        np.sign(a, out=a)                         # -1 or +1 where moved
-        np.multiply(a, s.neg_lr, out=a)           # -neg_lr or +neg_lr, exactly
-        np.add(pc, a, out=pc, where=moved)        # p' = p1 + (...); p' = p1 where c is zero
+        np.sign(a, out=a)                         # -1, +1, or +0 where c is a zero of either sign
+        np.multiply(a, s.neg_lr, out=a)           # neg_lr, -neg_lr or -0, exactly
+        np.add(pc, a, out=pc)                     # p' = p1 + (...): p1 itself where c is a zero
         np.multiply(s.b2, mc, out=mc)             # b2 * m
         np.multiply(s.omb2, gc, out=b)            # omb2 * g
         np.add(mc, b, out=mc)                     # m' = (b2*m) + (omb2*g)

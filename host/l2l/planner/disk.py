@@ -37,6 +37,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..errors import UserError
+from ..eps.contract import OPTIMIZERS
 from ..eps.disk_tier import DiskTier, copy_layout, file_bytes, free_bytes_at
 from ..eps.numerics import COPY_DTYPES
 from .model import Prediction
@@ -65,9 +66,17 @@ def entry_numels(cfg: TrainConfig) -> dict[int, int]:
     return {e: stack.entry_numel(e) for e in range(stack.num_entries) if stack.entry_numel(e) > 0}
 
 
-def state_file_bytes(numels: dict[int, int]) -> int:
-    """What the state files take on disk: headers and padding included."""
-    return sum(file_bytes(n) for n in numels.values())
+def state_file_bytes(numels: dict[int, int], moments: int = 2) -> int:
+    """What the state files take on disk: headers and padding included (``moments``: the
+    optimizer's, beside p)."""
+    return sum(file_bytes(n, moments) for n in numels.values())
+
+
+def moments_of(x) -> int:
+    """The optimizer's moments of a config or a prediction (AdamW 2, Lion 1)."""
+    if isinstance(x, Prediction):
+        return x.eps_state_bytes // 4 - 1
+    return len(OPTIMIZERS[x.optimizer].moments)
 
 
 def copy_file_bytes(numels: dict[int, int], copy_dtype: str | None) -> int:
@@ -82,20 +91,21 @@ def copy_file_bytes(numels: dict[int, int], copy_dtype: str | None) -> int:
 def tier_file_bytes(cfg: TrainConfig, numels: dict[int, int]) -> int:
     """Everything the tier keeps on disk for ``cfg``: the state files, and the copies' with
     ``--eps-offload-copies`` (what the run's start-up check asks of the free space)."""
-    return state_file_bytes(numels) + copy_file_bytes(numels, cfg.precision if cfg.eps_offload_copies else None)
+    return state_file_bytes(numels, moments_of(cfg)) + \
+        copy_file_bytes(numels, cfg.precision if cfg.eps_offload_copies else None)
 
 
-def traffic(numels: dict[int, int], copy_dtype: str | None) -> tuple[int, int]:
+def traffic(numels: dict[int, int], copy_dtype: str | None, moments: int = 2) -> tuple[int, int]:
     """(bytes read, bytes written) by the tier in one training step: every state file read
     and written once; with the copies on disk (``copy_dtype``), every copy file read twice
     (the forward's fetch and the backward's) and written once (the update)."""
-    state, copies = state_file_bytes(numels), copy_file_bytes(numels, copy_dtype)
+    state, copies = state_file_bytes(numels, moments), copy_file_bytes(numels, copy_dtype)
     return state + 2 * copies, state + copies
 
 
-def window_bytes(numels: dict[int, int], window: int) -> int:
+def window_bytes(numels: dict[int, int], window: int, moments: int = 2) -> int:
     """The tier's host memory at most: ``2N + 1`` file images of the largest entry."""
-    return (2 * window + 1) * max(file_bytes(n) for n in numels.values())
+    return (2 * window + 1) * max(file_bytes(n, moments) for n in numels.values())
 
 
 def copy_window_bytes(numels: dict[int, int], window: int, itemsize: int) -> int:
@@ -106,17 +116,17 @@ def copy_window_bytes(numels: dict[int, int], window: int, itemsize: int) -> int
 
 
 def state_in_memory_bytes(p: Prediction) -> int:
-    """The p, m, v the prediction holds in memory: all of them, or a sharded EPS's 1/R."""
+    """The state (p and the moments) the prediction holds in memory: all of it, or a sharded EPS's 1/R."""
     if p.eps_layout == "sharded" and p.machines > 1:
-        return math.ceil(EPS_STATE_BYTES * p.params / p.machines)
-    return EPS_STATE_BYTES * p.params
+        return math.ceil(p.eps_state_bytes * p.params / p.machines)
+    return p.eps_state_bytes * p.params
 
 
 def host_bytes_with_tier(p: Prediction, numels: dict[int, int], window: int, copies: bool = False) -> int:
     """The prediction's host peak with the state on disk: less p, m, v, plus the window; with
     ``copies`` (``--eps-offload-copies``) less the device copies too, plus their window.
     Sharded over machines, a machine's window is counted at whole entries (an upper bound)."""
-    host = p.host_total_bytes - state_in_memory_bytes(p) + window_bytes(numels, window)
+    host = p.host_total_bytes - state_in_memory_bytes(p) + window_bytes(numels, window, moments_of(p))
     if copies:
         copy_bytes = p.host_state_bytes - state_in_memory_bytes(p)  # the prediction's copies, all of them
         itemsize = round(copy_bytes / p.params) if p.params else 4
@@ -355,13 +365,14 @@ def slots_of(p: Prediction, numels: dict[int, int]) -> list[Slot]:
     entry has none: it updates when its last contribution is in), then the forward."""
     order = sorted(numels, reverse=True)
     backward = {i: d["backward_s"] for i, d in enumerate(p.layers_detail)}
-    n = len(order)
+    n, moments = len(order), moments_of(p)
     slots = []
     for k, e in enumerate(order):
-        read = file_bytes(numels[order[k + 1]]) if k + 1 < n else 0
-        write = file_bytes(numels[order[k - 1]]) if k else 0
+        read = file_bytes(numels[order[k + 1]], moments) if k + 1 < n else 0
+        write = file_bytes(numels[order[k - 1]], moments) if k else 0
         slots.append(Slot(f"entry {e}", backward.get(e, 0.0), read, write))
-    slots.append(Slot("forward", p.forward_s, file_bytes(numels[order[0]]), file_bytes(numels[order[-1]])))
+    slots.append(Slot("forward", p.forward_s, file_bytes(numels[order[0]], moments),
+                      file_bytes(numels[order[-1]], moments)))
     return slots
 
 
@@ -403,12 +414,12 @@ def plan_disk(cfg: TrainConfig, p: Prediction, rates: DiskRates, *, free: int | 
     return DiskPlan(
         directory=str(cfg.eps_offload), window=cfg.eps_offload_window, entries=len(numels),
         params=sum(numels.values()), state_file_bytes=files,
-        traffic_bytes=sum(traffic(numels, cfg.precision if cfg.eps_offload_copies else None)),
+        traffic_bytes=sum(traffic(numels, cfg.precision if cfg.eps_offload_copies else None, moments_of(cfg))),
         free_bytes=free_bytes(cfg.eps_offload) if free is None else free,
         read_bytes_per_s=rates.read_bytes_per_s, write_bytes_per_s=rates.write_bytes_per_s,
         measured=rates.measured, direct=rates.direct, probe_bytes=rates.probe_bytes, io_s=io, exposed_s=exposed,
         hidden_share=1.0 if io == 0 else 1.0 - exposed / io, step_s=p.step_s + exposed,
-        window_bytes=window_bytes(numels, cfg.eps_offload_window),
+        window_bytes=window_bytes(numels, cfg.eps_offload_window, moments_of(cfg)),
         host_total_bytes=host_bytes_with_tier(p, numels, cfg.eps_offload_window, cfg.eps_offload_copies),
         host_total_in_memory_bytes=p.host_total_bytes, slots=detail)
 
@@ -432,6 +443,6 @@ def format_disk(d: DiskPlan) -> str:
         f"exposed {d.exposed_s:.3f} s",
         f"{'  step with the tier':<26}{d.step_s:10.3f} s",
         f"{'  host memory with tier':<26}{size_of(d.host_total_bytes):>14}   in memory: "
-        f"{size_of(d.host_total_in_memory_bytes)}; less {EPS_STATE_BYTES} bytes/param of state, plus the "
+        f"{size_of(d.host_total_in_memory_bytes)}; less the EPS state (p and the moments), plus the "
         f"window {size_of(d.window_bytes)}",
     ])

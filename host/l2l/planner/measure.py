@@ -72,20 +72,22 @@ def measure_eps(name: str = "numpy", numel: int = 4 << 20, repeats: int = 3, **o
         backend.close()
 
 
-def measure_backend(backend, numel: int = 4 << 20, repeats: int = 3) -> float:
-    """Elements/s of one update of a ``numel``-element layer on ``backend`` (layer 0 is taken)."""
+def measure_backend(backend, numel: int = 4 << 20, repeats: int = 3, optimizer: str = "adamw") -> float:
+    """Elements/s of one ``optimizer`` update of a ``numel``-element layer on ``backend`` (layer 0
+    is taken)."""
     import numpy as np
 
-    from ..eps import OptimizerHyper, StepScalars
+    from ..eps import OPTIMIZERS, OptimizerHyper
+    from ..eps.contract import step_scalars
     rng = np.random.default_rng(0)
-    backend.allocate(0, rng.standard_normal(numel, dtype=np.float32))
+    backend.allocate(0, rng.standard_normal(numel, dtype=np.float32), len(OPTIMIZERS[optimizer].moments))
     grads = (rng.standard_normal((1, numel), dtype=np.float32) * np.float32(1e-3))
     copy = np.empty(numel, np.float32)
     step = iter(range(1, 1 << 30))
-    hyper = OptimizerHyper()
+    hyper = OptimizerHyper(optimizer=optimizer)
 
     def run():
-        backend.step(0, grads, StepScalars.compute(hyper, next(step), divisor=1.0), copy)
+        backend.step(0, grads, step_scalars(hyper, next(step), divisor=1.0), copy)
     run()
     return numel / _median_time(run, repeats)
 
@@ -243,7 +245,7 @@ def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = 
     # MiB), a fixed host cost of the run beside the interpreter's
     runtime = max(0, memory_status().get("VmRSS", 0) - before)
     try:
-        eps_rate = measure_backend(backend)
+        eps_rate = measure_backend(backend, optimizer=cfg.optimizer)
         notes = {"device": str(device), "torch_threads": torch.get_num_threads(), "eps_backend": choice.name,
                  "eps_runs_on": backend.describe(), "eps_runtime_bytes": runtime,
                  "measured": ["compute", "link", "eps"]}

@@ -67,7 +67,7 @@ from ..config import TrainConfig
 from ..eps import shares_masters
 from ..eps.gather import GATHER_WINDOW
 from ..errors import UserError
-from .shapes import EPS_STATE_BYTES, INBOXES_IN_FLIGHT, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
+from .shapes import INBOXES_IN_FLIGHT, eps_state_bytes, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
 RUNTIME_BYTES = 240 << 20  # an idle process with torch 2.13 and l2l imported, this project's CPU machine
 
@@ -250,7 +250,7 @@ class Prediction:
     activation_bytes: int        # rough: one layer's recompute over one micro-batch
     device_total_bytes: int      # ledger + activations
     host_eps_bytes: int          # EPS state: p, m, v, device copy; the inboxes in flight
-    host_state_bytes: int        # of which p, m, v and the device copies: the byte budget's floor
+    host_state_bytes: int        # of which p, the moments and the device copies: the byte budget's floor
     host_stash_bytes: int        # --stash host: the stashed boundaries
     host_runtime_bytes: int      # the process before any model: torch and l2l imported
     host_transient_bytes: int    # a few layers' worth: build, gradient temporaries, reduction;
@@ -260,6 +260,7 @@ class Prediction:
     machines: int = 1            # under torchrun: the host figures are each machine's
     eps_layout: str = "sharded"
     collective_bytes: int = 0    # all machines together send this to the EPS's collectives a step
+    eps_state_bytes: int = 12    # p and the optimizer's moments, bytes a parameter (AdamW: 12, Lion: 8)
     #                              (the sharded EPS's books: gradients, and each updated copy once)
     exchange_bytes: int = 0      # of which the gradients' (sharded; replicated: all of it)
     collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives (its gradients')
@@ -576,11 +577,12 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
     copy = device_copy_bytes(cfg, db, on_cuda)
     host_gather = 0
-    if machines.sharded:  # 1/R of p, m, v and of the copies (whole blocks: within a block of 1/R)
-        host_state = math.ceil(params * EPS_STATE_BYTES / machines.count) + math.ceil(params * copy / machines.count)
+    state_bytes = eps_state_bytes(cfg)  # p and the optimizer's moments
+    if machines.sharded:  # 1/R of the state and of the copies (whole blocks: within a block of 1/R)
+        host_state = math.ceil(params * state_bytes / machines.count) + math.ceil(params * copy / machines.count)
         host_gather = gathered_copy_bytes(cfg, largest, db, on_cuda)
     else:
-        host_state = params * (EPS_STATE_BYTES + copy)
+        host_state = params * (state_bytes + copy)
     host_eps = host_state + inboxes
     host_stash = cfg.devices * ledger["host_stash"]  # --stash host: every worker's, in this machine's memory
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
@@ -617,7 +619,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         eps_exposed_s=max(0.0, timed["eps_end"] - timed["device_end"]),
         device_weight_bytes=weights, device_ledger_bytes=device_ledger,
         activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
-        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=host_stash,
+        host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=host_stash, eps_state_bytes=state_bytes,
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
         host_gather_bytes=host_gather,
         host_total_bytes=rates.runtime_bytes + host_eps + host_stash + transient + host_gather,

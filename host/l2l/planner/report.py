@@ -98,12 +98,13 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
 
 
 def _state_per_param(p: Prediction) -> str:
-    """The state's bytes a parameter as a formula: p, m, v and the copy (1/R of both when sharded)."""
-    copy = round((p.host_state_bytes * (p.machines if p.eps_layout == "sharded" else 1)) / p.params) - 12 \
+    """The state's bytes a parameter as a formula: p, the moments and the copy (1/R of both when sharded)."""
+    state = p.eps_state_bytes
+    copy = round((p.host_state_bytes * (p.machines if p.eps_layout == "sharded" else 1)) / p.params) - state \
         if p.params else 0
     if p.eps_layout != "sharded":
-        return f"12 + {copy}" if copy else "12"
-    return f"(12 + {copy})/{p.machines}" if copy else f"12/{p.machines}"
+        return f"{state} + {copy}" if copy else f"{state}"
+    return f"({state} + {copy})/{p.machines}" if copy else f"{state}/{p.machines}"
 
 
 def _per_gpu(p: Prediction, rates: Rates) -> str:

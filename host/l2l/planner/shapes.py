@@ -16,7 +16,13 @@ from ..errors import UserError
 # bytes per element of what the device computes in (weights, their device copy,
 # gradients and activations); the EPS keeps fp32 master weights and moments.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-EPS_STATE_BYTES = 12  # fp32 p, m, v per parameter on the host
+EPS_STATE_BYTES = 12  # fp32 p, m, v per parameter on the host: AdamW's (eps_state_bytes for the others)
+
+
+def eps_state_bytes(cfg) -> int:
+    """The EPS state's host bytes a parameter under ``cfg``'s optimizer: 4 for ``p`` and 4 a moment."""
+    from ..eps.contract import OPTIMIZERS
+    return OPTIMIZERS[getattr(cfg, "optimizer", "adamw")].state_bytes
 INBOXES_IN_FLIGHT = 2  # gradient inboxes held at once: the layer in backward, the one updating
 
 
