@@ -121,10 +121,14 @@ def test_bench_host_measures_a_run_against_the_plan(tmp_path):
     r = run_cli("bench", "host", "--quick", "--precisions", "fp32", "--stash", "device", "--out", str(tmp_path),
                 timeout=600, fresh=True)
     assert r.returncode == 0, r.stderr
-    row, = json.loads((tmp_path / "host.json").read_text())["rows"]
-    assert row["peak_bytes"] > row["idle_bytes"] > 0 and row["params"] > 0
-    assert row["prediction_error"] == pytest.approx(row["peak_bytes"] / row["predicted_bytes"] - 1)
-    assert "| 2 x d64 |" in (tmp_path / "host.md").read_text()
+    adamw, lion = json.loads((tmp_path / "host.json").read_text())["rows"]  # both optimizers by default
+    for row in (adamw, lion):
+        assert row["peak_bytes"] > row["idle_bytes"] > 0 and row["params"] > 0
+        assert row["prediction_error"] == pytest.approx(row["peak_bytes"] / row["predicted_bytes"] - 1)
+    # fp32 on the CPU: the masters are the copies, so the floor is the state, p, m, v or p, m
+    assert (adamw["optimizer"], adamw["floor_bytes_per_param"]) == ("adamw", 12)
+    assert (lion["optimizer"], lion["floor_bytes_per_param"]) == ("lion", 8)
+    assert "| 2 x d64 | " in (tmp_path / "host.md").read_text() and "| lion |" in (tmp_path / "host.md").read_text()
 
 
 TRIM_PROBE = r"""

@@ -124,6 +124,8 @@ CASES = {
                                      "--overflow", "strict", "--clip-grad-norm", "0.5"]),
     # the OpenCL EPS, its state in files: each rank its slices' files
     "opencl-offload": (2, 1, ["--steps", "2", "--eps", "opencl", "--eps-offload", "{out}-eps"]),
+    # Lion: one moment per slice, in memory on one rank and in files on the other layout
+    "lion-offload": (2, 1, ["--steps", "2", "--optimizer", "lion", "--lr", "1e-3", "--eps-offload", "{out}-eps"]),
 }
 
 
