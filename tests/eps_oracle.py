@@ -35,7 +35,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from l2l.eps import LionScalars, OptimizerHyper, StepScalars
+from l2l.eps import LambScalars, LionScalars, OptimizerHyper, StepScalars
 
 # --------------------------------------------------------------------------
 # The oracle
@@ -178,6 +178,46 @@ class Oracle:
             omb2g = r(f["omb2"] * g, "omb2g")
             m2 = r(b2m + omb2g, "m'")
         return p2, m2
+
+    def lamb(self, p, m, v, g, s: LambScalars, bounds, tensor, tensor_starts, n_decay: int):
+        """docs/eps-numerics.md "LAMB update": both passes, the lane sums one rounded addition at a
+        time, the host's fold in binary64 in segment then lane order."""
+        r = self.r
+        f = {k: float(val) for k, val in zip(LambScalars.names(), s.as_tuple())}
+        n = p.shape[0]
+        with np.errstate(all="ignore"):
+            m2 = r(r(f["b1"] * m, "b1m") + r(f["omb1"] * g, "omb1g"), "m'")
+            v2 = r(r(f["b2"] * v, "b2v") + r(f["omb2"] * r(g * g, "gg"), "omb2gg"), "v'")
+            d = r(r(np.sqrt(v2), "sqrt") * f["inv_bc2_sqrt"], "sc")
+            d = r(d + f["eps"], "d")
+            u = r(r(m2 / d, "q") * f["inv_bc1"], "u")
+            decayed = np.arange(n) < n_decay
+            u2 = np.where(decayed, r(u + r(f["wd"] * p, "wdp"), "u2"), u)
+            pp, uu = r(p * p, "pp"), r(u2 * u2, "uu")
+        sums = np.zeros((len(tensor), 2, 16))
+        for k in range(len(tensor)):
+            for j, x in enumerate((pp, uu)):
+                seg = x[int(bounds[k]):int(bounds[k + 1])]
+                rows = np.zeros(-(-seg.size // 16) * 16)
+                rows[:seg.size] = seg  # squares are >= +0: the padding's +0 changes no lane
+                for row in rows.reshape(-1, 16):  # each lane a left fold in index order
+                    sums[k, j] = r(sums[k, j] + row, "acc")
+        totals = {}
+        for k, t in enumerate(tensor):
+            for lane in range(16):
+                w, q = totals.get(t, (0.0, 0.0))
+                totals[t] = (w + float(sums[k, 0, lane]), q + float(sums[k, 1, lane]))
+        steps = np.empty(len(tensor))
+        for k, t in enumerate(tensor):
+            w, q = math.sqrt(totals[t][0]), math.sqrt(totals[t][1])
+            trust = w / q if w > 0 and q > 0 else 1.0
+            if not (s.adapt and tensor_starts[t] < n_decay):
+                trust = 1.0
+            steps[k] = f32_value(round_bits(np.array([-s.lr * trust]), "fp32")[0])[0]
+        seg = np.repeat(np.arange(len(tensor)), np.diff(bounds))
+        with np.errstate(all="ignore"):
+            p2 = r(p + r(steps[seg] * u2, "ns"), "p'")
+        return p2, m2, v2, sums
 
     def copy_bits(self, p, cdtype: str):
         if cdtype == "bf16":

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 
-from l2l.eps.contract import LionScalars, StepScalars
+from l2l.eps.contract import LambScalars, LionScalars, StepScalars
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = "docs/eps-numerics.md"
@@ -63,3 +63,9 @@ def test_lion_scalar_table_names_the_dataclass_fields():
     names = re.findall(r"^\| `(\w+)` \|", section, re.M)
     fields = [f.name for f in dataclasses.fields(LionScalars)]
     assert names == fields, f"{DOC} 'Lion update' table: {names}, LionScalars: {fields}"
+
+
+def test_lamb_scalar_table_names_the_kernel_scalars():
+    section = _section((ROOT / DOC).read_text(encoding="utf-8"), "LAMB update")
+    names = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert names == list(LambScalars.names()), f"{DOC} 'LAMB update' table: {names}"

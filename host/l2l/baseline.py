@@ -1,5 +1,5 @@
 """The baseline engine (``--engine plain``): the same layer stack trained in memory with torch.optim.AdamW
-(or, with ``--optimizer lion``, :class:`l2l.lion.Lion`).
+(or, with ``--optimizer lion`` or ``lamb``, :class:`l2l.lion.Lion` or :class:`l2l.lamb.Lamb`).
 
 Every weight lives on the device for the whole step and the full batch runs
 at once (or, with ``micro_batches`` M > 1, as M micro-batches whose gradients
@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from .data import Batch
 from .engine import StepResult
 from .eps import OPTIMIZERS, OptimizerHyper
+from .lamb import Lamb
 from .lion import Lion
 from .models import LayerStack
 from .relay.scaler import LossScaler
@@ -59,6 +60,8 @@ class PlainEngine:
         self.optimizer_name = hyper.optimizer
         if hyper.optimizer == "lion":
             self.optimizer = Lion(groups, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2))
+        elif hyper.optimizer == "lamb":
+            self.optimizer = Lamb(groups, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
         else:
             self.optimizer = torch.optim.AdamW(groups, lr=hyper.lr, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
         self.scaler = None

@@ -100,13 +100,14 @@ OPTIMIZER = (
     Option("--min-lr-ratio", "the schedule's floor as a share of --lr (default %(default)s)", float),
     Option("--warmup-steps", "linear warm-up steps (default %(default)s)", int),
     Option("--optimizer", f"{_one_of(OPTIMIZERS)}: the update the EPS runs; Lion keeps one moment, 8 bytes of "
-           "state a parameter instead of 12, and wants a smaller --lr (default %(default)s)"),
+           "state a parameter instead of 12, and wants a smaller --lr; LAMB scales each decayed tensor's step by "
+           "its trust ratio |w|/|update| (default %(default)s)"),
     Option("--weight-decay", "decoupled weight decay (default %(default)s)", float),
     Option("--weight-decay-all", "decay every parameter; default: none on biases and normalisation weights, "
            "as Hugging Face's Trainer groups them", action="store_true"),
     Option("--beta1", "AdamW's beta1; Lion's interpolation for the step's sign (default %(default)s)", float),
     Option("--beta2", "AdamW's beta2; Lion's momentum decay (default %(default)s)", float),
-    Option("--adam-eps", "AdamW epsilon (default %(default)s)", float),
+    Option("--adam-eps", "AdamW's and LAMB's epsilon (default %(default)s)", float),
     Option("--seed", "seeds the initial weights, the data order and dropout (default %(default)s)", int),
 )
 RUN = (

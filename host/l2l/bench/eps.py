@@ -50,7 +50,7 @@ from ..eps import BACKENDS, OPTIMIZERS, OptimizerHyper, make_backend
 from ..eps.contract import inv_scale as inv_scale_of, step_scalars
 from ..lion import Lion
 from ..eps.choice import EpsChoice, choose
-from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from ..eps.numerics import COPY_DTYPES, GRAD_DTYPES, as_step
 from ..eps.threads import available_cpus
 from ..errors import UserError
 from ..hostmem import aligned_empty
@@ -146,6 +146,16 @@ def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0,
     the optimizer's moments: p,m,v 12 bytes for AdamW, p,m 8 for Lion) is read and written once."""
     state = OPTIMIZERS[optimizer].state
     names, sb = ",".join(state), 4 * len(state)
+    if optimizer == "lamb":  # two passes: the norms (m, v written), then p from p, m', v'
+        passes = "norm pass reads p,m,v 12, writes m,v 8; step pass reads p,m,v 12, writes p 4"
+        if name == "numpy" and k == 1 and np.float32(inv_scale) == np.float32(1.0):
+            return gs + gs + 36 + cs, f"grads read by the finite check {gs} and the norm pass {gs}; {passes}; copy {cs}"
+        if name == "numpy":
+            return k * gs + 4 + 4 + 36 + cs, (f"reduce: grads {k}x{gs}, g written 4, read 4 by the norm pass; "
+                                              f"{passes}; copy {cs}")
+        if name in ("opencl", "hls-csim"):
+            return 2 * k * gs + 36 + cs, f"check kernel and norm kernel read grads {k}x{gs} each; {passes}; copy {cs}"
+        return k * gs + 36 + cs, f"algorithmic minimum of two passes: grads {k}x{gs}; {passes}; copy {cs}"
     if name == "numpy":
         if k == 1 and np.float32(inv_scale) == np.float32(1.0):
             note = (f"one contribution, inv_scale 1: no reduced gradient (numerics.unreduced); the finite "
@@ -175,7 +185,7 @@ def _eps_step(backend, p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: 
     counter = itertools.count(1)
 
     def run():
-        scalars = step_scalars(hyper, next(counter), divisor=1.0 / inv_scale)
+        scalars = as_step(step_scalars(hyper, next(counter), divisor=1.0 / inv_scale), p0.shape[0])
         if not backend.step(0, grads, scalars, copy_out):
             raise RuntimeError("benchmark gradients were not finite")
     return run
@@ -294,6 +304,8 @@ def _optimizer_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: 
 
     kw = {"lr": hyper.lr, "betas": (hyper.beta1, hyper.beta2), "eps": hyper.eps, "weight_decay": hyper.weight_decay}
     torch_note = "torch.set_num_threads (OpenMP)"
+    if hyper.optimizer == "lamb":  # torch has none; timm's is a test reference, not installed for users
+        return [Method("torch-fused", "torch LAMB", None, status="none: torch has no LAMB")], {"status": "none"}
     if hyper.optimizer == "lion":
         return _lion_methods(full_job, tensors, counts, hyper, around, around_note, torch_note, deepspeed)
     step_note = "step reads p,m,v,g 16, writes p,m,v 12"
@@ -554,7 +566,8 @@ def run(args: argparse.Namespace) -> dict:
     kernels = [_row(m, n) for m in stream]
     best = max(kernels, key=lambda r: r["gb_s"])
     roofline = best["gb_s"]
-    minimum = k * gdtype.itemsize + 2 * OPTIMIZERS[args.optimizer].state_bytes + cdtype.itemsize
+    minimum = k * gdtype.itemsize + (36 if args.optimizer == "lamb" else 2 * OPTIMIZERS[args.optimizer].state_bytes) \
+        + cdtype.itemsize
     rows = [_row(m, n) for m in methods]
     refs = {r["threads"]: r["elems_per_s"] for r in rows if r["method"] == "torch-fused"}
     roofs = _round_rooflines(stream, n)
@@ -589,6 +602,10 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+_OPTIMIZER_WORDS = {"adamw": "AdamW on fp32 p/m/v", "lion": "Lion on fp32 p/m",
+                    "lamb": "LAMB on fp32 p/m/v (a norm pass, then a step pass)"}
+
+
 def _num(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -616,7 +633,7 @@ def markdown(result: dict) -> str:
     ds = env.get("deepspeed", {})
     ds_threads = f" DeepSpeedCPUAdam: {ds['threads_from']}." if ds.get("threads_from") else ""
     head = (f"Full EPS layer update on {a['numel']:,} elements: {a['contributions']} x {a['grad_dtype']} gradient "
-            f"contribution(s) reduced, AdamW on fp32 p/m/v, {a['copy_dtype']} device copy. "
+            f"contribution(s) reduced, {_OPTIMIZER_WORDS[a.get('optimizer', 'adamw')]}, {a['copy_dtype']} device copy. "
             f"{env['cpu']}, {env['logical_cpus']} logical CPUs ({env['affinity_cpus']} in this process's affinity), "
             f"torch {env['torch']}. Each method at each thread count ({', '.join(map(str, a['threads']))}): "
             f"the NumPy EPS with that many threads, the OpenCL EPS on a sub-device of that many compute units, "
@@ -717,7 +734,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--numel", type=int, default=16 << 20, help="elements in the layer (default %(default)s)")
     p.add_argument("-k", "--contributions", type=int, default=1, help="gradient contributions K (default 1)")
     p.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw",
-                   help="the update timed: adamw (p, m, v) or lion (p, m) (default adamw)")
+                   help="the update timed: adamw (p, m, v), lion (p, m) or lamb (p, m, v, two passes) "
+                        "(default adamw)")
     p.add_argument("--grad-dtype", choices=list(GRAD_DTYPES), default="fp32")
     p.add_argument("--copy-dtype", choices=list(COPY_DTYPES), default="fp32")
     p.add_argument("--inv-scale", type=float, default=1.0, help="1 / (loss scale * divisor) (default 1)")

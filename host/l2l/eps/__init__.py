@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .backend import EpsBackend
-from .contract import OPTIMIZERS, LionScalars, OptimizerHyper, StepScalars
+from .contract import OPTIMIZERS, LambScalars, LambStep, LionScalars, OptimizerHyper, StepScalars
 from .hls_csim_backend import HlsCsimBackend
 from .numpy_backend import NumpyBackend
 from .opencl_backend import OpenCLBackend
@@ -34,5 +34,6 @@ def shares_masters(name: str, **options) -> bool:
     return cls is not None and cls.shares_masters(**options)
 
 
-__all__ = ["BACKENDS", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "LionScalars", "NumpyBackend",
-           "OPTIMIZERS", "OpenCLBackend", "OptimizerHyper", "StepScalars", "make_backend", "shares_masters"]
+__all__ = ["BACKENDS", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "LambScalars", "LambStep", "LionScalars",
+           "NumpyBackend", "OPTIMIZERS", "OpenCLBackend", "OptimizerHyper", "StepScalars", "make_backend",
+           "shares_masters"]

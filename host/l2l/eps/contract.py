@@ -108,6 +108,69 @@ class LionScalars(_Scalars):
 
 
 @dataclass(frozen=True)
+class LambScalars(_Scalars):
+    """Binary32 scalars of one LAMB update (You et al. 2019, timm's ``Lamb``: bias-corrected,
+    the weight decay added to the update, each decayed tensor's step scaled by its trust
+    ratio), in the kernels' order. The per-tensor step sizes come after the norm pass
+    (:func:`~l2l.eps.numerics.lamb_steps`), not from here."""
+
+    b1: np.float32
+    omb1: np.float32
+    b2: np.float32
+    omb2: np.float32
+    inv_bc2_sqrt: np.float32
+    eps: np.float32
+    inv_bc1: np.float32
+    wd: np.float32
+    inv_scale: np.float32
+    lr: float = 0.0        # binary64, for the host's step sizes (not a kernel argument)
+    adapt: bool = True     # weight_decay != 0: the decayed tensors take their trust ratio (timm's rule)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))[:9]
+
+    def as_tuple(self) -> tuple[np.float32, ...]:
+        return astuple(self)[:9]
+
+    @classmethod
+    def compute(cls, hyper: OptimizerHyper, t: int, loss_scale: float = 1.0,
+                divisor: float = 1.0) -> "LambScalars":
+        if t < 1:
+            raise ValueError("step count t starts at 1")
+        f32 = np.float32
+        return cls(
+            b1=f32(hyper.beta1),
+            omb1=f32(1.0 - hyper.beta1),
+            b2=f32(hyper.beta2),
+            omb2=f32(1.0 - hyper.beta2),
+            inv_bc2_sqrt=f32(1.0 / math.sqrt(1.0 - hyper.beta2 ** t)),
+            eps=f32(hyper.eps),
+            inv_bc1=f32(1.0 / (1.0 - hyper.beta1 ** t)),
+            wd=f32(hyper.weight_decay),
+            inv_scale=f32(1.0 / (loss_scale * divisor)),
+            lr=float(hyper.lr),
+            adapt=hyper.weight_decay != 0,
+        )
+
+
+@dataclass(frozen=True)
+class LambStep:
+    """What one LAMB update takes beside the gradients: its scalars, the entry's segments
+    (:func:`~l2l.eps.numerics.lamb_segments`) and the host's fold of the norm pass's sums into
+    each segment's step size, called between the two passes (a sharded EPS sums the
+    machines' sums first)."""
+
+    scalars: LambScalars
+    segments: "object"   # l2l.eps.numerics.Segments of the elements the backend holds
+    steps: "object"      # (sums: float32 (nseg, 2, LANES)) -> float32 (nseg,) step sizes
+
+    @property
+    def inv_scale(self) -> np.float32:
+        return self.scalars.inv_scale
+
+
+@dataclass(frozen=True)
 class Optimizer:
     """What an optimizer keeps and takes: its state arrays beside the fp32 masters ``p``
     (binary32, zero at the start, in checkpoint order) and its step scalars."""
@@ -129,11 +192,14 @@ class Optimizer:
 OPTIMIZERS = {
     "adamw": Optimizer("adamw", ("m", "v"), StepScalars),
     "lion": Optimizer("lion", ("m",), LionScalars),
+    "lamb": Optimizer("lamb", ("m", "v"), LambScalars),
 }
 
 
 def optimizer_of(scalars) -> Optimizer:
     """The optimizer whose step scalars these are."""
+    if isinstance(scalars, LambStep):
+        scalars = scalars.scalars
     for opt in OPTIMIZERS.values():
         if isinstance(scalars, opt.scalars):
             return opt

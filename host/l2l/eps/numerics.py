@@ -8,12 +8,14 @@ against these functions.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import ml_dtypes
 import numpy as np
 
-from .contract import LionScalars, StepScalars
+from .contract import LambScalars, LambStep, LionScalars, StepScalars
+from .shards import BLOCK
 
 # Elements per pass. Each chunk's several passes (7 live fp32 arrays, 1.8 MiB) stay in the last
 # level cache. Measured on a 2-core EPYC host (16.8M elements, one update): 64K elements beat
@@ -189,6 +191,158 @@ def _lion(p, m, g, s: LionScalars, copy_out, scratch: _Scratch, n_decay: int) ->
         np.add(mc, b, out=mc)                     # m' = (b2*m) + (omb2*g)
         if copy_out is not None:
             device_copy(pc, copy_out[lo:hi])
+
+
+# ---------------------------------------------------------------- LAMB
+
+LANES = 16  # interleaved binary32 accumulators of a segment's sums of squares
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The pieces LAMB's norms are summed over: an entry's tensors cut at every
+    :data:`~l2l.eps.shards.BLOCK` boundary, so a sharded EPS (slices of whole blocks) holds
+    whole segments and the sums do not depend on the machine count.
+
+    ``bounds``: segment ``s`` is elements ``[bounds[s], bounds[s+1])`` of those held (from 0);
+    ``tensor``: the entry's tensor each lies in; ``tensor_starts``: each tensor's first
+    element in the entry (the decayed ones are those below ``n_decay``)."""
+    bounds: np.ndarray
+    tensor: np.ndarray
+    tensor_starts: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return self.tensor.shape[0]
+
+
+def lamb_segments(tensor_starts: Sequence[int], n: int, lo: int = 0, hi: int | None = None) -> Segments:
+    """The segments of elements ``[lo, hi)`` (whole blocks, or the whole entry) of an entry of
+    ``n`` elements whose tensors start at ``tensor_starts`` (the layout's offsets, 0 first)."""
+    hi = n if hi is None else hi
+    starts = np.asarray(sorted(set(int(t) for t in tensor_starts)), np.int64)
+    if starts.size == 0 or starts[0] != 0 or (n and starts[-1] >= n):
+        raise ValueError(f"tensor starts {list(starts)} do not tile an entry of {n} elements")
+    cuts = np.union1d(starts, np.arange(0, n, BLOCK, dtype=np.int64))
+    cuts = cuts[(cuts >= lo) & (cuts < hi)]
+    if lo not in cuts:
+        raise ValueError(f"elements [{lo}, {hi}) do not start a segment")
+    bounds = np.append(cuts, hi) - lo
+    tensor = np.searchsorted(starts, cuts, side="right") - 1
+    return Segments(bounds, tensor, starts)
+
+
+def _lamb_update_term(p, m, v, s, d: int, a, b):
+    """``u2`` of LAMB into ``a`` (``b`` scratch), from ``p`` and the new moments; the first
+    ``d`` elements decayed. The same operations in both passes: the second recomputes it."""
+    np.sqrt(v, out=b)                       # sqrt(v')
+    np.multiply(b, s.inv_bc2_sqrt, out=b)   # sqrt(v') * inv_bc2_sqrt
+    np.add(b, s.eps, out=b)                 # d = (...) + eps
+    np.divide(m, b, out=a)                  # q = m' / d
+    np.multiply(a, s.inv_bc1, out=a)        # u = q * inv_bc1
+    np.multiply(s.wd, p[:d], out=b[:d])     # wd * p (decayed elements)
+    np.add(a[:d], b[:d], out=a[:d])         # u2 = u + wd*p; past n_decay u2 = u
+    return a
+
+
+def _lane_sums(x: np.ndarray, out: np.ndarray) -> None:
+    """``out[j]`` = binary32 sum of ``x[j], x[j + LANES], ...`` in index order, from +0."""
+    full = x.shape[0] // LANES * LANES
+    out[...] = 0.0
+    if full:
+        np.add.reduce(x[:full].reshape(-1, LANES), axis=0, dtype=np.float32, out=out)  # row by row
+    tail = x.shape[0] - full
+    np.add(out[:tail], x[full:], out=out[:tail])
+
+
+def lamb_norms(p, m, v, g, s: LambScalars, segments: Segments, *, n_decay: int | None = None,
+               first: int = 0, last: int | None = None, out: np.ndarray | None = None,
+               scratch: _Scratch | None = None) -> np.ndarray:
+    """LAMB's first pass over segments ``[first, last)``: ``m'`` and ``v'`` in place, and per
+    segment the :data:`LANES` binary32 sums of ``p*p`` and of ``u2*u2`` ((nseg, 2, LANES) in
+    ``out``). ``p`` is not changed."""
+    n = p.shape[0]
+    n_decay = n if n_decay is None else n_decay
+    last = segments.count if last is None else last
+    out = np.zeros((segments.count, 2, LANES), np.float32) if out is None else out
+    scratch = scratch or _Scratch()
+    z = _ZeroDim(s)
+    with np.errstate(all="ignore"):
+        for k in range(first, last):
+            lo, hi = int(segments.bounds[k]), int(segments.bounds[k + 1])
+            c = hi - lo
+            pc, mc, vc, gc = p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi]
+            a, b = scratch.a[:c], scratch.b[:c]
+            if gc.dtype != np.float32:
+                scratch.g[:c] = gc
+                gc = scratch.g[:c]
+            np.multiply(z.b1, mc, out=mc)        # b1 * m
+            np.multiply(z.omb1, gc, out=a)       # omb1 * g
+            np.add(mc, a, out=mc)                # m' = (b1*m) + (omb1*g)
+            np.multiply(gc, gc, out=a)           # g * g
+            np.multiply(z.omb2, a, out=a)        # omb2 * (g*g)
+            np.multiply(z.b2, vc, out=vc)        # b2 * v
+            np.add(vc, a, out=vc)                # v' = (b2*v) + (omb2*(g*g))
+            np.multiply(pc, pc, out=a)           # p * p
+            _lane_sums(a, out[k, 0])
+            u2 = _lamb_update_term(pc, mc, vc, z, decayed_part(lo, hi, n_decay), a, b)
+            np.multiply(u2, u2, out=a)           # u2 * u2
+            _lane_sums(a, out[k, 1])
+    return out
+
+
+def lamb_steps(sums: np.ndarray, segments: Segments, s: LambScalars, n_decay: int) -> np.ndarray:
+    """The host's fold: each tensor's sums of squares in binary64 (its segments in order, each
+    segment's lanes in order), its trust ratio ``|p| / |u2|`` (1 where either is 0, or where
+    the tensor is not adapted: not decayed, or no weight decay) and the binary32 step size
+    ``-lr * trust`` of each segment, rounded once."""
+    wide = sums.astype(np.float64)
+    ntensors = segments.tensor_starts.shape[0]
+    totals = np.zeros((ntensors, 2))
+    for t in np.unique(segments.tensor):
+        rows = wide[segments.tensor == t]  # segment order
+        for j in range(2):
+            totals[t, j] = np.cumsum(rows[:, j, :].reshape(-1))[-1]  # a sequential sum, in that order
+    w, u = np.sqrt(totals[:, 0]), np.sqrt(totals[:, 1])
+    with np.errstate(all="ignore"):
+        trust = np.where((w > 0) & (u > 0), w / u, 1.0)
+    adapted = (segments.tensor_starts < n_decay) & s.adapt
+    trust = np.where(adapted, trust, 1.0)
+    return (-s.lr * trust[segments.tensor]).astype(np.float32)
+
+
+def lamb_apply(p, m, v, s: LambScalars, segments: Segments, steps: np.ndarray, *,
+               copy_out: np.ndarray | None = None, n_decay: int | None = None, first: int = 0,
+               last: int | None = None, scratch: _Scratch | None = None) -> None:
+    """LAMB's second pass over segments ``[first, last)``: ``u2`` again from ``p, m', v'``,
+    ``p' = p + steps[s] * u2``, and the device copy."""
+    n = p.shape[0]
+    n_decay = n if n_decay is None else n_decay
+    last = segments.count if last is None else last
+    scratch = scratch or _Scratch()
+    z = _ZeroDim(s)
+    with np.errstate(all="ignore"):
+        for k in range(first, last):
+            lo, hi = int(segments.bounds[k]), int(segments.bounds[k + 1])
+            c = hi - lo
+            pc = p[lo:hi]
+            a, b = scratch.a[:c], scratch.b[:c]
+            u2 = _lamb_update_term(pc, m[lo:hi], v[lo:hi], z, decayed_part(lo, hi, n_decay), a, b)
+            np.multiply(steps[k], u2, out=a)     # step * u2
+            np.add(pc, a, out=pc)                # p' = p + (...)
+            if copy_out is not None:
+                device_copy(pc, copy_out[lo:hi])
+
+
+def as_step(scalars, n: int, n_decay: int | None = None, tensor_starts: Sequence[int] = (0,)):
+    """What a backend's ``step`` takes for these scalars on an entry of ``n`` elements: the
+    scalars themselves, or for LAMB a :class:`~l2l.eps.contract.LambStep` over the entry's
+    tensors (default one) with the golden model's fold between the passes."""
+    if not isinstance(scalars, LambScalars):
+        return scalars
+    segments = lamb_segments(tensor_starts, n)
+    n_decay = n if n_decay is None else n_decay
+    return LambStep(scalars, segments, lambda sums: lamb_steps(sums, segments, scalars, n_decay))
 
 
 def update_rule(scalars):

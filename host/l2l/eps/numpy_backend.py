@@ -9,13 +9,13 @@ import numpy as np
 
 from . import numerics
 from .backend import EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, read_only
-from .contract import StepScalars
+from .contract import LambStep, StepScalars
 from .threads import RangePool, available_cpus
 
 
 class NumpyBackend(EpsBackend):
     name = "numpy"
-    optimizers = frozenset({"adamw", "lion"})
+    optimizers = frozenset({"adamw", "lion", "lamb"})
 
     @classmethod
     def shares_masters(cls, **options) -> bool:
@@ -64,7 +64,7 @@ class NumpyBackend(EpsBackend):
         n = state[0].shape[0]
         check_step(grads, copy_out, n, n_decay)  # the ranges below see only slices of the arguments
         check_optimizer(self, scalars, len(state) - 1)
-        rule = numerics.update_rule(scalars)
+        rule = None if isinstance(scalars, LambStep) else numerics.update_rule(scalars)
         g = numerics.unreduced(grads, scalars.inv_scale, n)  # one unscaled contribution: itself, widened per chunk
         if g is not None:
             finite = self._pool.map(lambda lo, hi: numerics.all_finite(g[lo:hi]), n)
@@ -76,6 +76,9 @@ class NumpyBackend(EpsBackend):
             return False
         copy = None if copy_out is state[0] else copy_out
         n_decay = n if n_decay is None else n_decay
+        if isinstance(scalars, LambStep):
+            self._lamb(state, g, scalars, copy, n_decay)
+            return True
 
         def update(lo: int, hi: int) -> None:
             rule(*(a[lo:hi] for a in state), g[lo:hi], scalars,
@@ -83,6 +86,29 @@ class NumpyBackend(EpsBackend):
                  n_decay=numerics.decayed_part(lo, hi, n_decay))
         self._pool.map(update, n)
         return True
+
+    def _lamb(self, state, g, step: LambStep, copy, n_decay: int) -> None:
+        """LAMB's two passes, each thread taking the segments that start in its range (whole
+        segments: a thread's range may cut one, its sums may not be cut)."""
+        p, m, v = state
+        seg = step.segments
+        sums = np.zeros((seg.count, 2, numerics.LANES), np.float32)
+
+        def mine(lo: int, hi: int) -> tuple[int, int]:
+            return (int(np.searchsorted(seg.bounds[:-1], lo)), int(np.searchsorted(seg.bounds[:-1], hi)))
+
+        def norms(lo: int, hi: int) -> None:
+            first, last = mine(lo, hi)
+            numerics.lamb_norms(p, m, v, g, step.scalars, seg, n_decay=n_decay, first=first, last=last,
+                                out=sums, scratch=self._scratch())
+        self._pool.map(norms, p.shape[0])
+        steps = step.steps(sums)
+
+        def apply(lo: int, hi: int) -> None:
+            first, last = mine(lo, hi)
+            numerics.lamb_apply(p, m, v, step.scalars, seg, steps, copy_out=copy, n_decay=n_decay,
+                                first=first, last=last, scratch=self._scratch())
+        self._pool.map(apply, p.shape[0])
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         p = self._state[layer][0]

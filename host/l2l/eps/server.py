@@ -34,8 +34,8 @@ from ..hostmem import aligned_empty
 from .backend import EpsBackend
 from .copy_window import DiskCopies
 from .disk_tier import IoLedger, timeline
-from .contract import OPTIMIZERS, OptimizerHyper, inv_scale, step_scalars
-from .numerics import COPY_DTYPES, GRAD_DTYPES, reduce_gradients
+from .contract import OPTIMIZERS, LambScalars, LambStep, OptimizerHyper, inv_scale, step_scalars
+from .numerics import COPY_DTYPES, GRAD_DTYPES, as_step, reduce_gradients
 from .shards import BLOCK
 
 INBOX_WAIT_S = 0.2  # how often a caller waiting for an inbox looks for an update's error
@@ -103,6 +103,7 @@ class EagerParamServer:
         self._alloc = host_alloc
         self._numel: dict[int, int] = {}
         self._n_decay: dict[int, int] = {}  # entry -> its decay boundary (the parameter groups)
+        self._tensor_starts: dict[int, tuple[int, ...]] = {}  # entry -> its tensors' offsets (LAMB's norms)
         self._contributors: dict[int, int] = {}
         self._steps: dict[int, int] = {}
         self._copies: dict[int, np.ndarray] = {}
@@ -129,10 +130,13 @@ class EagerParamServer:
         self._held: dict[int, Future] = {}  # layer -> future of (finite, sumsq, divisor, loss_scale, hyper)
 
     # ----------------------------------------------------------- layers
-    def add_layer(self, layer: int, p: np.ndarray, users: int = 1, n_decay: int | None = None) -> None:
+    def add_layer(self, layer: int, p: np.ndarray, users: int = 1, n_decay: int | None = None,
+                  tensor_starts=None) -> None:
         """A new entry with initial weights ``p``; ``users`` layers (each on every one of the
         ``contributors`` workers) give it a gradient contribution per step. Weight decay
-        applies to its first ``n_decay`` elements (default: all; the layout's parameter groups)."""
+        applies to its first ``n_decay`` elements (default: all; the layout's parameter groups).
+        ``tensor_starts``: where each of its tensors begins (the layout's offsets; default one
+        tensor), over which LAMB takes its norms."""
         if layer in self._numel:
             raise ValueError(f"layer {layer} already added")
         if users < 1:
@@ -142,6 +146,7 @@ class EagerParamServer:
         if not 0 <= n_decay <= p.shape[0]:
             raise ValueError(f"layer {layer}: n_decay {n_decay} outside [0, {p.shape[0]}]")
         self._n_decay[layer] = n_decay
+        self._tensor_starts[layer] = tuple(sorted({0, *(int(t) for t in (tensor_starts or ()))}))
         self._numel[layer] = p.shape[0]
         self._contributors[layer] = self.contributors * users
         self._steps[layer] = 0
@@ -478,7 +483,10 @@ class EagerParamServer:
                     wait()
             start = time.perf_counter()
             t = self._steps[layer] + 1
-            finite = self._apply(layer, step_scalars(hyper, t, loss_scale, divisor))
+            scalars = step_scalars(hyper, t, loss_scale, divisor)
+            if isinstance(scalars, LambScalars):  # its trust ratios need the entry's tensors
+                scalars = self._lamb_step(layer, scalars)
+            finite = self._apply(layer, scalars)
             self._return_inbox(layer)
             if finite:
                 self._steps[layer] = t
@@ -490,6 +498,9 @@ class EagerParamServer:
             if self._error is None:
                 self._error = exc
             raise
+
+    def _lamb_step(self, layer: int, scalars: LambScalars) -> LambStep:
+        return as_step(scalars, self._numel[layer], self._n_decay[layer], self._tensor_starts[layer])
 
     def _apply(self, layer: int, scalars) -> bool:
         """Reduce the layer's gradients and, when finite, update it and its device copy."""

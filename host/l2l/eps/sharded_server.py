@@ -59,6 +59,9 @@ class ShardedParamServer(EagerParamServer):
         if {"all_reduce", "copies"} & kw.keys():
             raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory")
         super().__init__(backend, hyper, **kw)
+        if self.optimizer.name == "lamb":
+            raise UserError("--optimizer lamb runs a replicated EPS across machines (--eps-layout replicated): "
+                            "its per-tensor norms are not summed across slices yet")
         if layout.world != net.world:
             raise ValueError(f"a layout for {layout.world} ranks on {net.world} machines")
         self.layout = layout
@@ -93,10 +96,11 @@ class ShardedParamServer(EagerParamServer):
         s = self.layout.slice_of(layer, self.rank)
         return decayed_part(s.lo, s.hi, self._n_decay[layer])
 
-    def add_layer(self, layer: int, p: np.ndarray, users: int = 1, n_decay: int | None = None) -> None:
+    def add_layer(self, layer: int, p: np.ndarray, users: int = 1, n_decay: int | None = None,
+                  tensor_starts=None) -> None:
         if layer not in self.layout.numels or self.layout.numels[layer] != np.asarray(p).size:
             raise ValueError(f"entry {layer} of {np.asarray(p).size} elements is not in the shard layout")
-        super().add_layer(layer, p, users, n_decay)
+        super().add_layer(layer, p, users, n_decay, tensor_starts)
         self._settled[layer] = 0
 
     # ----------------------------------------------------------- copies

@@ -79,6 +79,7 @@ def measure_backend(backend, numel: int = 4 << 20, repeats: int = 3, optimizer: 
 
     from ..eps import OPTIMIZERS, OptimizerHyper
     from ..eps.contract import step_scalars
+    from ..eps.numerics import as_step
     rng = np.random.default_rng(0)
     backend.allocate(0, rng.standard_normal(numel, dtype=np.float32), len(OPTIMIZERS[optimizer].moments))
     grads = (rng.standard_normal((1, numel), dtype=np.float32) * np.float32(1e-3))
@@ -87,7 +88,7 @@ def measure_backend(backend, numel: int = 4 << 20, repeats: int = 3, optimizer: 
     hyper = OptimizerHyper(optimizer=optimizer)
 
     def run():
-        backend.step(0, grads, step_scalars(hyper, next(step), divisor=1.0), copy)
+        backend.step(0, grads, as_step(step_scalars(hyper, next(step), divisor=1.0), numel), copy)
     run()
     return numel / _median_time(run, repeats)
 

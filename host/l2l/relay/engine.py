@@ -112,7 +112,8 @@ class RelayEngine:
             for e, _, _ in self.parts[i]:
                 if e not in eps.layers:
                     eps.add_layer(e, stack.initial_weights(e), users=stack.entry_users(e),
-                                  n_decay=stack.entry_n_decay(e))
+                                  n_decay=stack.entry_n_decay(e),
+                                  tensor_starts=[s.offset for s in stack.entry_layout(e)[1].slots])
             self.bindings.append(WeightBinding(layer.module, device))
         self._prefetched: dict[int, object] = {}
         self._resident: dict[int, _FetchedLayer] = {}
