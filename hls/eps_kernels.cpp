@@ -1,9 +1,10 @@
 // l2l eager param-server (EPS) kernels in Vitis HLS C++: finite check, fused
-// reduce + AdamW + device copy, and copy alone.
+// reduce + AdamW + device copy, fused reduce + Lion + device copy, and copy alone.
 //
 // The same kernels, kernel names and argument order as fpga/opencl/eps.cl
-// (fpga/ARGS.md: buffers first, then n and k (and n_decay for the update), then
-// the step scalars in the contract's table order), computing the same bits: docs/eps-numerics.md.
+// (fpga/ARGS.md: buffers first, then n and k (and n_decay for the updates), then
+// the step scalars in the contract's table order: StepScalars for AdamW,
+// LionScalars for Lion), computing the same bits: docs/eps-numerics.md.
 // Every operation is one binary32 operation rounded to nearest even, written as
 // its own statement; build with -ffp-contract=off and never with -ffast-math.
 // Not checked here (no Vitis in CI): that the synthesised floating-point cores
@@ -19,7 +20,8 @@
 //
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in uint16_t) or f16 (binary16 bits in uint16_t); one top function per
-// combination: eps_check_<G>, eps_update_<G>_<C>, eps_copy_<C>.
+// combination: eps_check_<G>, eps_update_<G>_<C> (AdamW), eps_lion_<G>_<C> (Lion),
+// eps_copy_<C>. eps_check and eps_copy serve both optimizers.
 //
 // Structure (docs/fpga.md, "Kernel structure"). Each top function walks the
 // layer in blocks of BLOCK elements and runs one dataflow region per block. A
@@ -32,8 +34,8 @@
 //          in contribution order (acc = g_0; acc = acc + g_1; ...: the
 //          contract's left fold per element) and passes each sum on while it
 //          adds the last contribution; then the finite test (check), the
-//          AdamW update and the device copy's narrowing (update), or the
-//          narrowing alone (copy);
+//          AdamW update and the device copy's narrowing (update), the Lion
+//          update and the narrowing (lion), or the narrowing alone (copy);
 //   write  one process per m_axi port written, a pipelined loop of burst
 //          writes.
 //
@@ -148,6 +150,8 @@ inline float float_of(uint32_t b) {
 }
 
 inline bool is_finite(float x) { return (bits_of(x) & 0x7f800000u) != 0x7f800000u; }
+
+inline bool is_nan(float x) { return (bits_of(x) & 0x7fffffffu) > 0x7f800000u; }
 
 // ---------------------------------------------------------------- widening (exact)
 
@@ -364,6 +368,43 @@ elements:
     }
 }
 
+// Lion on one element per clock, in the contract's order of operations (docs/eps-numerics.md,
+// "Lion update"). Same shape as adamw: the decay boundary is a multiplexer after the
+// multiplier. The step is the sign of c = (b1*m) + (omb1*g), taken from the old m:
+// sign(c) * neg_lr is exact (a sign flip), so one adder computes p1 + sign(c) * neg_lr and
+// a multiplexer picks p1 itself where c is a zero of either sign (p1 keeps its own sign of
+// zero: no `p1 + 0` that would turn -0 into +0). A NaN c never comes from finite state and a
+// finite gradient; from NaN state it gives a NaN p', as the golden model's p1 + sign(c)*neg_lr
+// does (c itself: the payload is unspecified).
+template <class C>
+void lion(fifo<float> &sums, fifo<float> &p_in, fifo<float> &m_in, fifo<float> &p_out, fifo<float> &m_out,
+          fifo<typename C::T> &copy_out, unsigned len, unsigned decayed, float decay, float b1, float omb1,
+          float b2, float omb2, float neg_lr, float inv_scale) {
+elements:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        const float g = sums.read() * inv_scale;
+        const float p0 = p_in.read();
+        const float m0 = m_in.read();
+        // the contract's order: every parenthesised product and each sum on its own
+        const float pd = p0 * decay;                       // p * decay
+        const float p1 = (i < decayed) ? pd : p0;          // p1: p * decay below n_decay, p past it
+        const float b1m = b1 * m0;                         // b1 * m
+        const float omb1g = omb1 * g;                      // omb1 * g
+        const float c = b1m + omb1g;                       // c = (b1*m) + (omb1*g)
+        const float step = (c < 0.0f) ? -neg_lr : neg_lr;  // sign(c) * neg_lr, exactly (c not zero)
+        const float moved = p1 + step;                     // p1 + sign(c)*neg_lr
+        const float p2 = (c == 0.0f) ? p1 : is_nan(c) ? c : moved;  // p' (c = +-0: p1 itself)
+        const float b2m = b2 * m0;                         // b2 * m
+        const float omb2g = omb2 * g;                      // omb2 * g
+        const float m1 = b2m + omb2g;                      // m' = (b2*m) + (omb2*g)
+        p_out.write(p2);
+        m_out.write(m1);
+        copy_out.write(C::narrow(p2));
+    }
+}
+
 template <class C>
 void narrow_copy(fifo<float> &in, fifo<typename C::T> &out, unsigned len) {
 elements:
@@ -433,6 +474,37 @@ void update_block(const typename G::T *gr, float *p, float *m, float *v, typenam
     write_array<typename C::T>(copy_out, copy, base, len);
 }
 
+// Lion's region: update_block without v (two state arrays in and out, not three).
+template <class G, class C>
+void lion_block(const typename G::T *gr, float *p, float *m, typename C::T *copy, unsigned n, unsigned k,
+                unsigned decayed, float decay, float b1, float omb1, float b2, float omb2, float neg_lr,
+                float inv_scale, uint64_t base, unsigned len) {
+#pragma HLS DATAFLOW
+    fifo<typename G::T> raw;
+#pragma HLS STREAM variable=raw depth=FIFO_DEPTH
+    fifo<float> sums;
+#pragma HLS STREAM variable=sums depth=FIFO_DEPTH
+    fifo<float> p_in;
+#pragma HLS STREAM variable=p_in depth=FIFO_DEPTH
+    fifo<float> m_in;
+#pragma HLS STREAM variable=m_in depth=FIFO_DEPTH
+    fifo<float> p_out;
+#pragma HLS STREAM variable=p_out depth=FIFO_DEPTH
+    fifo<float> m_out;
+#pragma HLS STREAM variable=m_out depth=FIFO_DEPTH
+    fifo<typename C::T> copy_out;
+#pragma HLS STREAM variable=copy_out depth=FIFO_DEPTH
+    read_grads<G>(gr, raw, n, k, base, len);
+    read_array<float>(p, p_in, base, len);
+    read_array<float>(m, m_in, base, len);
+    reduce<G>(raw, sums, k, len);
+    lion<C>(sums, p_in, m_in, p_out, m_out, copy_out, len, decayed, decay, b1, omb1, b2, omb2, neg_lr,
+            inv_scale);
+    write_array<float>(p_out, p, base, len);
+    write_array<float>(m_out, m, base, len);
+    write_array<typename C::T>(copy_out, copy, base, len);
+}
+
 template <class C>
 void copy_block(const float *p, typename C::T *copy, uint64_t base, unsigned len) {
 #pragma HLS DATAFLOW
@@ -478,6 +550,23 @@ blocks:
         const unsigned len = part(n, base, BLOCK);
         update_block<G, C>(gr, p, m, v, copy, n, k, decayed_part(n_decay, base, len), decay, b1, omb1, b2,
                            omb2, inv_bc2_sqrt, eps, neg_step, inv_scale, base, len);
+    }
+}
+
+// Lion's pass, as update's: reduce the k contributions, Lion in place on p, m, write the
+// device copy of p'. Elements [0, n_decay) are weight-decayed, the rest are not; the
+// boundary is cut per block as for AdamW. Does nothing when *finite is 0.
+template <class G, class C>
+void lion_update(const typename G::T *gr, float *p, float *m, typename C::T *copy, const int *finite,
+                 unsigned n, unsigned k, unsigned n_decay, float decay, float b1, float omb1, float b2,
+                 float omb2, float neg_lr, float inv_scale) {
+    if (*finite == 0) return;
+blocks:
+    for (uint64_t base = 0; base < n; base += BLOCK) {  // 64 bits: no wrap for n near 2**32
+#pragma HLS loop_tripcount min=1 max=MAX_BLOCKS avg=AVG_BLOCKS
+        const unsigned len = part(n, base, BLOCK);
+        lion_block<G, C>(gr, p, m, copy, n, k, decayed_part(n_decay, base, len), decay, b1, omb1, b2, omb2,
+                         neg_lr, inv_scale, base, len);
     }
 }
 
@@ -572,6 +661,34 @@ blocks:
                           inv_bc2_sqrt, eps, neg_step, inv_scale);                             \
     }
 
+// eps_lion_<g>_<c>: eps_update's shape with Lion's state (p, m) and LionScalars. The
+// bundles are numbered by position as in every other top function; the banks come from
+// the port names (u280.cfg, u50.cfg: each role in the same pseudo-channel as AdamW's).
+#define EPS_LION(GN, G, CN, C)                                                                \
+    extern "C" void eps_lion_##GN##_##CN(                                                      \
+        const G::T *gr, float *p, float *m, C::T *copy, const int *finite,                     \
+        unsigned n, unsigned k, unsigned n_decay, float decay, float b1, float omb1, float b2, \
+        float omb2, float neg_lr, float inv_scale) {                                           \
+        EPS_MAXI(gr, gmem0)                                                                    \
+        EPS_MAXI(p, gmem1)                                                                     \
+        EPS_MAXI(m, gmem2)                                                                     \
+        EPS_MAXI(copy, gmem3)                                                                  \
+        EPS_MAXI(finite, gmem4)                                                                \
+        EPS_LITE(n)                                                                            \
+        EPS_LITE(k)                                                                            \
+        EPS_LITE(n_decay)                                                                      \
+        EPS_LITE(decay)                                                                        \
+        EPS_LITE(b1)                                                                           \
+        EPS_LITE(omb1)                                                                         \
+        EPS_LITE(b2)                                                                           \
+        EPS_LITE(omb2)                                                                         \
+        EPS_LITE(neg_lr)                                                                       \
+        EPS_LITE(inv_scale)                                                                    \
+        EPS_LITE(return)                                                                       \
+        eps::lion_update<G, C>(gr, p, m, copy, finite, n, k, n_decay, decay, b1, omb1, b2, omb2, \
+                               neg_lr, inv_scale);                                             \
+    }
+
 #define EPS_COPY(CN, C)                                                                       \
     extern "C" void eps_copy_##CN(const float *p, C::T *copy, unsigned n) {                    \
         EPS_MAXI(p, gmem0)                                                                     \
@@ -593,6 +710,15 @@ EPS_CHECK(f16, eps::F16)
 EPS_UPDATE_ALL_COPIES(f32, eps::F32)
 EPS_UPDATE_ALL_COPIES(bf16, eps::BF16)
 EPS_UPDATE_ALL_COPIES(f16, eps::F16)
+
+#define EPS_LION_ALL_COPIES(GN, G)      \
+    EPS_LION(GN, G, f32, eps::F32)      \
+    EPS_LION(GN, G, bf16, eps::BF16)    \
+    EPS_LION(GN, G, f16, eps::F16)
+
+EPS_LION_ALL_COPIES(f32, eps::F32)
+EPS_LION_ALL_COPIES(bf16, eps::BF16)
+EPS_LION_ALL_COPIES(f16, eps::F16)
 
 EPS_COPY(f32, eps::F32)
 EPS_COPY(bf16, eps::BF16)

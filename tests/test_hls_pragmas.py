@@ -173,6 +173,7 @@ def maxi_problems(src: str, cxx: str, tmp_path) -> list[str]:
 
 
 _READ, _WRITE = ("read_",), ("write_",)
+MACROS = ("EPS_CHECK", "EPS_UPDATE", "EPS_LION", "EPS_COPY")  # the top functions' macros, one per family
 
 
 def dataflow_problems(src: str) -> list[str]:
@@ -181,7 +182,7 @@ def dataflow_problems(src: str) -> list[str]:
     funcs = _functions(src)
     regions = {name for name, body in funcs.items() if re.search(r"#pragma HLS DATAFLOW\b", body, re.I)}
     problems = []
-    for macro in ("EPS_CHECK", "EPS_UPDATE", "EPS_COPY"):
+    for macro in MACROS:
         body = re.search(rf"#define {macro}\(.*?\n\n", src, re.S)
         if body is None:
             problems.append(f"{macro}: macro not found")
@@ -285,7 +286,7 @@ def test_every_loop_has_a_trip_count_and_ii():
     assert loop_problems(SOURCE) == []
     # and the checks did see the loops and regions there are
     assert len(re.findall(r"#pragma HLS loop_tripcount", SOURCE)) >= 12
-    assert len(re.findall(r"#pragma HLS DATAFLOW", SOURCE)) == 3
+    assert len(re.findall(r"#pragma HLS DATAFLOW", SOURCE)) == len(MACROS)  # one region per kernel family
 
 
 def test_the_m_axi_depths_cover_the_cosim_bench():
@@ -313,12 +314,16 @@ def _without(line_pattern: str, nth: int = 0) -> str:
 
 
 @pytest.mark.parametrize("edit", ["max_read_burst_length", "max_write_burst_length", "depth",
-                                  "num_read_outstanding", "define_depth_copy", "shared_bundle", "plain_port"])
+                                  "num_read_outstanding", "define_depth_copy", "shared_bundle",
+                                  "lion_shared_bundle", "plain_port"])
 def test_m_axi_check_catches_a_missing_option(cxx, tmp_path, edit):
     if edit == "define_depth_copy":
         src = _without(r"^#define EPS_DEPTH_copy ")
     elif edit == "shared_bundle":
         src = SOURCE.replace("EPS_MAXI(m, gmem2)", "EPS_MAXI(m, gmem1)")
+    elif edit == "lion_shared_bundle":  # in eps_lion only: its copy on its m's bundle
+        assert SOURCE.count("EPS_MAXI(copy, gmem3)") == 1
+        src = SOURCE.replace("EPS_MAXI(copy, gmem3)", "EPS_MAXI(copy, gmem2)")
     elif edit == "plain_port":  # the old spelling: the parameter replaces the keyword too (g=g)
         src = SOURCE.replace("EPS_KW_port=port offset", "port=port offset")
     else:  # the option taken out of the EPS_MAXI macro
@@ -334,11 +339,13 @@ def test_m_axi_check_catches_a_missing_option(cxx, tmp_path, edit):
 
 
 def test_dataflow_check_catches_a_missing_region_or_stream():
-    for nth in range(3):
+    for nth in range(len(MACROS)):
         problems = dataflow_problems(_without(r"#pragma HLS DATAFLOW", nth))
         assert any("reaches no function with #pragma HLS DATAFLOW" in p for p in problems), (nth, problems)
     problems = dataflow_problems(_without(r"#pragma HLS STREAM variable=m_in "))
     assert problems == ["update_block: FIFO m_in has no #pragma HLS STREAM depth"], problems
+    problems = dataflow_problems(_without(r"#pragma HLS STREAM variable=m_in ", 1))
+    assert problems == ["lion_block: FIFO m_in has no #pragma HLS STREAM depth"], problems
     # a FIFO with a second reader, and a statement that is not a process call
     src = SOURCE.replace("    write_array<float>(v_out, v, base, len);\n",
                          "    write_array<float>(v_out, v, base, len);\n    write_array<float>(m_in, v, base, len);\n")

@@ -5,9 +5,12 @@ so the very kernels an FPGA build synthesises are compiled here into a shared
 library and called through ctypes on NumPy arrays: ``p, m, v`` live in host
 memory, which plays the card's DRAM. One update is the host driver's sequence
 for the card: finite flag set to 1, ``eps_check_<g>`` over the K contributions
-(back to back in one buffer), ``eps_update_<g>_<c>`` (which writes nothing when
-the flag was cleared), flag read back. Same semantics as the NumPy backend,
-bit for bit (docs/eps-numerics.md); tests/test_eps_backends_bitexact.py checks it.
+(back to back in one buffer), the optimizer's update kernel (which writes nothing
+when the flag was cleared), flag read back. The step scalars' type picks the
+update kernel (:data:`UPDATE_KERNELS`): ``eps_update_<g>_<c>`` on ``(p, m, v)`` for
+AdamW, ``eps_lion_<g>_<c>`` on ``(p, m)`` for Lion. Same semantics as the NumPy
+backend, bit for bit (docs/eps-numerics.md); tests/test_eps_backends_bitexact.py
+checks AdamW, tests/test_lion_hls.py Lion.
 
 The source is found by :mod:`l2l.kernels` (the checkout's ``hls/``, or the copy an
 installed l2l carries as package data). Build: ``g++`` with :data:`CXX_FLAGS`
@@ -40,7 +43,7 @@ import numpy as np
 from .. import kernels
 from ..errors import UserError
 from .backend import EpsBackend, adoptable, check_optimizer, check_state, check_step, read_only
-from .contract import StepScalars
+from .contract import StepScalars, optimizer_of
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
 KERNEL_SOURCE = kernels.source_path("hls")  # hls/eps_kernels.cpp, or its installed copy (l2l.kernels)
@@ -55,13 +58,16 @@ SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["
 GRAD_SUFFIX = {GRAD_DTYPES[k]: SUFFIX[COPY_DTYPES[k]] for k in GRAD_DTYPES}
 KINDS = ("f32", "bf16", "f16")
 KERNEL_NAMES = ([f"eps_check_{g}" for g in KINDS] + [f"eps_update_{g}_{c}" for g in KINDS for c in KINDS]
-                + [f"eps_copy_{c}" for c in KINDS])
+                + [f"eps_lion_{g}_{c}" for g in KINDS for c in KINDS] + [f"eps_copy_{c}" for c in KINDS])
+# each optimizer's update kernel family (eps_<family>_<g>_<c>), by contract.OPTIMIZERS name
+UPDATE_KERNELS = {"adamw": "eps_update", "lion": "eps_lion"}
 MAX_N = (1 << 32) - 1  # n and k are 32-bit kernel arguments
 
 _ptr, _uint, _float = ctypes.c_void_p, ctypes.c_uint, ctypes.c_float
 _ARGTYPES = {
     "eps_check": [_ptr, _ptr, _uint, _uint, _float],
     "eps_update": [_ptr] * 6 + [_uint, _uint, _uint] + [_float] * 9,  # n, k, n_decay, the step scalars
+    "eps_lion": [_ptr] * 5 + [_uint, _uint, _uint] + [_float] * 7,  # n, k, n_decay, the Lion scalars
     "eps_copy": [_ptr, _ptr, _uint],
 }
 
@@ -153,6 +159,7 @@ def _addr(a: np.ndarray) -> int:
 
 class HlsCsimBackend(EpsBackend):
     name = "hls-csim"
+    optimizers = frozenset(UPDATE_KERNELS)
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -252,16 +259,17 @@ class HlsCsimBackend(EpsBackend):
         state = self._state[layer]
         n = state[0].shape[0]
         check_step(grads, copy_out, n, n_decay)  # the shared contract, before any kernel runs
-        check_optimizer(self, scalars, len(state) - 1)
-        p, m, v = state
+        check_optimizer(self, scalars, len(state) - 1)  # one we run, on state of its shape
+        kernel = UPDATE_KERNELS[optimizer_of(scalars).name]
         block, k, gdtype = self._gradient_block(grads, n)
         c = self._check_copy(copy_out, n)
         g = GRAD_SUFFIX[gdtype]
         target = self._copy_target(copy_out)
         flag = np.ones(1, np.int32)  # the host sets the flag; eps_check clears it
         self._fn[f"eps_check_{g}"](_addr(block), _addr(flag), n, k, scalars.inv_scale)
-        self._fn[f"eps_update_{g}_{c}"](_addr(block), _addr(p), _addr(m), _addr(v), _addr(target), _addr(flag),
-                                        n, k, n if n_decay is None else n_decay, *scalars.as_tuple())
+        # buffers (gr, the state, copy, finite), n, k, n_decay, the scalars in their table order
+        self._fn[f"{kernel}_{g}_{c}"](_addr(block), *(_addr(a) for a in state), _addr(target), _addr(flag),
+                                      n, k, n if n_decay is None else n_decay, *scalars.as_tuple())
         finite = bool(flag[0])
         if finite and target is not copy_out:
             copy_out[...] = target
