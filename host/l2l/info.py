@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from . import kernels
-from .eps import BACKENDS
+from .eps import BACKENDS, OPTIMIZERS
 from .eps.choice import AUTO, choose
 from .eps.threads import available_cpus
 from .models import FAMILIES
@@ -28,7 +28,8 @@ def info_lines() -> list[str]:
         lines.append("cuda        none visible (training runs on the CPU, same code path)")
     for name, cls in BACKENDS.items():
         ok, why = cls.availability()
-        lines.append(f"eps {name:<9} {'available' if ok else 'unavailable'}: {why}")
+        runs = ", ".join(o for o in OPTIMIZERS if o in cls.optimizers)
+        lines.append(f"eps {name:<9} {'available' if ok else 'unavailable'}: {why}; runs {runs}")
     auto = choose(AUTO, threads=None)
     lines.append(f"eps auto      takes {auto.name} on {auto.target} ({auto.why})")
     for kind in kernels.SOURCES:  # where the kernel sources were found: package data or a checkout
