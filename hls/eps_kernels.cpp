@@ -1,10 +1,12 @@
 // l2l eager param-server (EPS) kernels in Vitis HLS C++: finite check, fused
-// reduce + AdamW + device copy, fused reduce + Lion + device copy, and copy alone.
+// reduce + AdamW + device copy, fused reduce + Lion + device copy, LAMB's two passes
+// (reduce + moments + the norms' partial sums; the step + device copy), and copy alone.
 //
 // The same kernels, kernel names and argument order as fpga/opencl/eps.cl
-// (fpga/ARGS.md: buffers first, then n and k (and n_decay for the updates), then
-// the step scalars in the contract's table order: StepScalars for AdamW,
-// LionScalars for Lion), computing the same bits: docs/eps-numerics.md.
+// (fpga/ARGS.md: buffers first, then n and k (and n_decay for the updates, and
+// nseg for LAMB's), then the step scalars in the contract's table order:
+// StepScalars for AdamW, LionScalars for Lion, LambScalars for LAMB), computing the
+// same bits: docs/eps-numerics.md.
 // Every operation is one binary32 operation rounded to nearest even, written as
 // its own statement; build with -ffp-contract=off and never with -ffast-math.
 // Not checked here (no Vitis in CI): that the synthesised floating-point cores
@@ -21,10 +23,12 @@
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in uint16_t) or f16 (binary16 bits in uint16_t); one top function per
 // combination: eps_check_<G>, eps_update_<G>_<C> (AdamW), eps_lion_<G>_<C> (Lion),
-// eps_copy_<C>. eps_check and eps_copy serve both optimizers.
+// eps_lamb_norms_<G> and eps_lamb_step_<C> (LAMB), eps_copy_<C>. eps_check and
+// eps_copy serve every optimizer.
 //
 // Structure (docs/fpga.md, "Kernel structure"). Each top function walks the
-// layer in blocks of BLOCK elements and runs one dataflow region per block. A
+// layer in blocks of BLOCK elements and runs one dataflow region per block (LAMB's
+// per segment: a block, or the part of one inside a tensor). A
 // region is a chain of processes joined by FIFOs, all running at once:
 //
 //   read   one process per m_axi port, a pipelined loop of burst reads
@@ -420,6 +424,154 @@ inline void write_flag(fifo<int> &verdict, int *finite) {
     if (verdict.read() == 0) *finite = 0;
 }
 
+// ---------------------------------------------------------------- LAMB (two passes)
+//
+// docs/eps-numerics.md, "LAMB update". A LAMB update is two kernels, each one dataflow
+// region per segment (the entry's tensors cut at every BLOCK boundary: at most BLOCK
+// elements each; `seg` holds the bounds, segment s being [seg[s], seg[s+1])):
+//
+//   eps_lamb_norms_<g>  m', v' in place and, per segment, LANES binary32 partial sums of
+//                       p*p and of u2*u2 (the norms of the trust ratio); p is read only.
+//   eps_lamb_step_<c>   u2 again from p, m', v'; p' = p + step[s] * u2; the device copy.
+//
+// Between the two the host folds the sums into one step size per segment
+// (numerics.lamb_steps, in binary64). A region per segment, not per block: each
+// segment's sums start from +0 at its first element and leave the region with it, and a
+// segment never spans two blocks, so the regions run no more often than the blocks do
+// plus once per tensor start.
+
+constexpr unsigned LANES = 16;  // partial sums per norm and segment (numerics.LANES)
+constexpr unsigned SUMS = 2 * LANES;  // floats of one segment in `sums`: p*p's lanes, then u2*u2's
+// Loop trip counts for the HLS reports only:
+constexpr unsigned MAX_SEGMENTS = 2 * MAX_BLOCKS;  // the blocks and as many tensor starts
+constexpr unsigned AVG_SEGMENTS = AVG_BLOCKS + 8;  // a layer of 1 Mi elements and 8 tensors
+
+// LAMB's update term u2 from p and the new moments m', v', one rounded binary32 operation
+// per statement in the contract's order; `decayed`: the element lies below n_decay. Both
+// passes call this one function, so the second pass's u2 is the first's, bit for bit.
+inline float lamb_u2(float p0, float m1, float v1, bool decayed, float inv_bc2_sqrt, float eps,
+                     float inv_bc1, float wd) {
+    const float sq = std::sqrt(v1);      // sqrt(v')
+    const float sc = sq * inv_bc2_sqrt;  // sqrt(v') * inv_bc2_sqrt
+    const float d = sc + eps;            // d = (...) + eps
+    const float q = m1 / d;              // q = m' / d
+    const float u = q * inv_bc1;         // u = q * inv_bc1
+    const float wdp = wd * p0;           // wd * p
+    const float ud = u + wdp;            // u + wd*p
+    return decayed ? ud : u;             // u2: u + wd*p below n_decay, u past it
+}
+
+// LAMB's first pass on one element per clock: AdamW's moments, then the squares the
+// norms add up. The segment's first `decayed` elements are weight-decayed (a multiplexer
+// after the adder, as in adamw). p is read, not written.
+inline void lamb_moments(fifo<float> &grad, fifo<float> &p_in, fifo<float> &m_in, fifo<float> &v_in,
+                         fifo<float> &m_out, fifo<float> &v_out, fifo<float> &pp_out, fifo<float> &uu_out,
+                         unsigned len, unsigned decayed, float b1, float omb1, float b2, float omb2,
+                         float inv_bc2_sqrt, float eps, float inv_bc1, float wd, float inv_scale) {
+elements:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        const float g = grad.read() * inv_scale;
+        const float p0 = p_in.read();
+        const float m0 = m_in.read();
+        const float v0 = v_in.read();
+        const float b1m = b1 * m0;         // b1 * m
+        const float omb1g = omb1 * g;      // omb1 * g
+        const float m1 = b1m + omb1g;      // m' = (b1*m) + (omb1*g)
+        const float gg = g * g;            // g * g
+        const float omb2gg = omb2 * gg;    // omb2 * (g*g)
+        const float b2v = b2 * v0;         // b2 * v
+        const float v1 = b2v + omb2gg;     // v' = (b2*v) + (omb2*(g*g))
+        const float pp = p0 * p0;          // p * p
+        const float u2 = lamb_u2(p0, m1, v1, i < decayed, inv_bc2_sqrt, eps, inv_bc1, wd);
+        const float uu = u2 * u2;          // u2 * u2
+        m_out.write(m1);
+        v_out.write(v1);
+        pp_out.write(pp);
+        uu_out.write(uu);
+    }
+}
+
+// The segment's LANES partial sums of p*p and of u2*u2: lane j adds the segment's elements
+// j, j + LANES, j + 2*LANES, ... in index order, from +0, one rounded addition each
+// (acc_j = acc_j + x); then out gets p*p's lanes 0..15 and u2*u2's lanes 0..15.
+//
+// Why LANES accumulators: a binary32 adder takes several clocks at a few hundred MHz, so a
+// single running sum would let the loop start one element every adder-latency clocks. With
+// LANES interleaved sums an accumulator is read again LANES iterations after it is written,
+// which the DEPENDENCE pragmas tell the scheduler (distance=LANES, a true dependence), so
+// the loop can run at II=1 as long as the adder's latency is below LANES clocks. Not
+// checked here (no Vitis): that the synthesised adder's latency at the target clock is
+// below 16 and that the scheduler reaches II=1 with the completely partitioned accumulators
+// (16 registers and a 16-way multiplexer per sum); a synthesis report must show it. The
+// bits do not depend on it: each lane's additions stay in index order whatever the schedule.
+inline void lane_sums(fifo<float> &pp_in, fifo<float> &uu_in, fifo<float> &out, unsigned len) {
+    float acc_p[LANES];
+    float acc_u[LANES];
+#pragma HLS ARRAY_PARTITION variable=acc_p complete
+#pragma HLS ARRAY_PARTITION variable=acc_u complete
+clear:
+    for (unsigned j = 0; j < LANES; ++j) {
+#pragma HLS UNROLL
+#pragma HLS loop_tripcount min=LANES max=LANES avg=LANES
+        acc_p[j] = 0.0f;  // +0
+        acc_u[j] = 0.0f;
+    }
+accumulate:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+#pragma HLS DEPENDENCE variable=acc_p inter RAW distance=16 true
+#pragma HLS DEPENDENCE variable=acc_u inter RAW distance=16 true
+        const unsigned j = i % LANES;  // i counts from the segment's first element
+        const float x = pp_in.read();
+        const float y = uu_in.read();
+        const float sp = acc_p[j] + x;  // acc_j = acc_j + p*p
+        const float su = acc_u[j] + y;  // acc_j = acc_j + u2*u2
+        acc_p[j] = sp;
+        acc_u[j] = su;
+    }
+emit:
+    for (unsigned j = 0; j < SUMS; ++j) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=SUMS max=SUMS avg=SUMS
+        out.write(j < LANES ? acc_p[j] : acc_u[j - LANES]);
+    }
+}
+
+// LAMB's second pass on one element per clock: u2 again (lamb_u2: pass 1's statements),
+// ns = step * u2, p' = p + ns, and the device copy of p'. `step` is the segment's step
+// size (-lr * trust, from the host).
+template <class C>
+void lamb_apply(fifo<float> &p_in, fifo<float> &m_in, fifo<float> &v_in, fifo<float> &p_out,
+                fifo<typename C::T> &copy_out, unsigned len, unsigned decayed, float step, float inv_bc2_sqrt,
+                float eps, float inv_bc1, float wd) {
+elements:
+    for (unsigned i = 0; i < len; ++i) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=1 max=BLOCK avg=BLOCK
+        const float p0 = p_in.read();
+        const float m1 = m_in.read();
+        const float v1 = v_in.read();
+        const float u2 = lamb_u2(p0, m1, v1, i < decayed, inv_bc2_sqrt, eps, inv_bc1, wd);
+        const float ns = step * u2;  // step * u2
+        const float p2 = p0 + ns;    // p' = p + (...)
+        p_out.write(p2);
+        copy_out.write(C::narrow(p2));
+    }
+}
+
+// One segment's sums: SUMS floats from `base` (a short run: one burst).
+inline void write_sums(fifo<float> &in, float *dst, uint64_t base) {
+elements:
+    for (unsigned j = 0; j < SUMS; ++j) {
+#pragma HLS PIPELINE II=1
+#pragma HLS loop_tripcount min=SUMS max=SUMS avg=SUMS
+        dst[base + j] = in.read();
+    }
+}
+
 // ---------------------------------------------------------------- dataflow regions (one block each)
 
 template <class G>
@@ -505,6 +657,71 @@ void lion_block(const typename G::T *gr, float *p, float *m, typename C::T *copy
     write_array<typename C::T>(copy_out, copy, base, len);
 }
 
+// LAMB's first pass over one segment [base, base + len): the gradients reduced as for
+// AdamW, m' and v' written back, the segment's sums written to sums[sbase, sbase + SUMS).
+template <class G>
+void lamb_norms_block(const typename G::T *gr, const float *p, float *m, float *v, float *sums, unsigned n,
+                      unsigned k, unsigned decayed, float b1, float omb1, float b2, float omb2,
+                      float inv_bc2_sqrt, float eps, float inv_bc1, float wd, float inv_scale, uint64_t base,
+                      unsigned len, uint64_t sbase) {
+#pragma HLS DATAFLOW
+    fifo<typename G::T> raw;
+#pragma HLS STREAM variable=raw depth=FIFO_DEPTH
+    fifo<float> grad;
+#pragma HLS STREAM variable=grad depth=FIFO_DEPTH
+    fifo<float> p_in;
+#pragma HLS STREAM variable=p_in depth=FIFO_DEPTH
+    fifo<float> m_in;
+#pragma HLS STREAM variable=m_in depth=FIFO_DEPTH
+    fifo<float> v_in;
+#pragma HLS STREAM variable=v_in depth=FIFO_DEPTH
+    fifo<float> m_out;
+#pragma HLS STREAM variable=m_out depth=FIFO_DEPTH
+    fifo<float> v_out;
+#pragma HLS STREAM variable=v_out depth=FIFO_DEPTH
+    fifo<float> pp;
+#pragma HLS STREAM variable=pp depth=FIFO_DEPTH
+    fifo<float> uu;
+#pragma HLS STREAM variable=uu depth=FIFO_DEPTH
+    fifo<float> lanes;
+#pragma HLS STREAM variable=lanes depth=SUMS
+    read_grads<G>(gr, raw, n, k, base, len);
+    read_array<float>(p, p_in, base, len);
+    read_array<float>(m, m_in, base, len);
+    read_array<float>(v, v_in, base, len);
+    reduce<G>(raw, grad, k, len);
+    lamb_moments(grad, p_in, m_in, v_in, m_out, v_out, pp, uu, len, decayed, b1, omb1, b2, omb2, inv_bc2_sqrt,
+                 eps, inv_bc1, wd, inv_scale);
+    lane_sums(pp, uu, lanes, len);
+    write_array<float>(m_out, m, base, len);
+    write_array<float>(v_out, v, base, len);
+    write_sums(lanes, sums, sbase);
+}
+
+// LAMB's second pass over one segment: p' and its device copy from p, m', v' and the
+// segment's step size.
+template <class C>
+void lamb_step_block(float *p, const float *m, const float *v, typename C::T *copy, unsigned decayed, float step,
+                     float inv_bc2_sqrt, float eps, float inv_bc1, float wd, uint64_t base, unsigned len) {
+#pragma HLS DATAFLOW
+    fifo<float> p_in;
+#pragma HLS STREAM variable=p_in depth=FIFO_DEPTH
+    fifo<float> m_in;
+#pragma HLS STREAM variable=m_in depth=FIFO_DEPTH
+    fifo<float> v_in;
+#pragma HLS STREAM variable=v_in depth=FIFO_DEPTH
+    fifo<float> p_out;
+#pragma HLS STREAM variable=p_out depth=FIFO_DEPTH
+    fifo<typename C::T> copy_out;
+#pragma HLS STREAM variable=copy_out depth=FIFO_DEPTH
+    read_array<float>(p, p_in, base, len);
+    read_array<float>(m, m_in, base, len);
+    read_array<float>(v, v_in, base, len);
+    lamb_apply<C>(p_in, m_in, v_in, p_out, copy_out, len, decayed, step, inv_bc2_sqrt, eps, inv_bc1, wd);
+    write_array<float>(p_out, p, base, len);
+    write_array<typename C::T>(copy_out, copy, base, len);
+}
+
 template <class C>
 void copy_block(const float *p, typename C::T *copy, uint64_t base, unsigned len) {
 #pragma HLS DATAFLOW
@@ -570,6 +787,55 @@ blocks:
     }
 }
 
+// Segment s of `seg` as [lo, hi), kept inside [0, n]: a malformed `seg` (the host checks it
+// first) cannot make a region read or write past the layer.
+inline unsigned segment_end(const unsigned *seg, unsigned s, unsigned n) {
+    const unsigned hi = seg[s + 1];
+    return hi < n ? hi : n;
+}
+
+inline unsigned segment_start(const unsigned *seg, unsigned s, unsigned hi) {
+    const unsigned lo = seg[s];
+    return lo < hi ? lo : hi;
+}
+
+// LAMB's first pass: per segment, reduce the k contributions, m' and v' in place, the
+// segment's SUMS partial sums into sums[s*SUMS, (s+1)*SUMS). Elements [0, n_decay) are
+// weight-decayed, the rest are not (cut per segment). Does nothing when *finite is 0.
+template <class G>
+void lamb_norms(const typename G::T *gr, const float *p, float *m, float *v, const unsigned *seg, float *sums,
+                const int *finite, unsigned n, unsigned k, unsigned n_decay, unsigned nseg, float b1, float omb1,
+                float b2, float omb2, float inv_bc2_sqrt, float eps, float inv_bc1, float wd, float inv_scale) {
+    if (*finite == 0) return;
+segments:
+    for (unsigned s = 0; s < nseg; ++s) {
+#pragma HLS loop_tripcount min=1 max=MAX_SEGMENTS avg=AVG_SEGMENTS
+        const unsigned hi = segment_end(seg, s, n);
+        const unsigned lo = segment_start(seg, s, hi);
+        const unsigned len = hi - lo;
+        lamb_norms_block<G>(gr, p, m, v, sums, n, k, decayed_part(n_decay, lo, len), b1, omb1, b2, omb2,
+                            inv_bc2_sqrt, eps, inv_bc1, wd, inv_scale, lo, len, static_cast<uint64_t>(s) * SUMS);
+    }
+}
+
+// LAMB's second pass: per segment, p' = p + steps[s] * u2 in place and the device copy of
+// p'. m and v are read, not written. Does nothing when *finite is 0.
+template <class C>
+void lamb_step(float *p, const float *m, const float *v, typename C::T *copy, const unsigned *seg,
+               const float *steps, const int *finite, unsigned n, unsigned n_decay, unsigned nseg,
+               float inv_bc2_sqrt, float eps, float inv_bc1, float wd) {
+    if (*finite == 0) return;
+segments:
+    for (unsigned s = 0; s < nseg; ++s) {
+#pragma HLS loop_tripcount min=1 max=MAX_SEGMENTS avg=AVG_SEGMENTS
+        const unsigned hi = segment_end(seg, s, n);
+        const unsigned lo = segment_start(seg, s, hi);
+        const unsigned len = hi - lo;
+        lamb_step_block<C>(p, m, v, copy, decayed_part(n_decay, lo, len), steps[s], inv_bc2_sqrt, eps, inv_bc1,
+                           wd, lo, len);
+    }
+}
+
 template <class C>
 void copy_only(const float *p, typename C::T *copy, unsigned n) {
 blocks:
@@ -609,6 +875,9 @@ blocks:
 #define EPS_DEPTH_v 70000
 #define EPS_DEPTH_copy 70000
 #define EPS_DEPTH_finite 1
+#define EPS_DEPTH_seg 65
+#define EPS_DEPTH_sums 2048
+#define EPS_DEPTH_steps 64
 
 #define EPS_KW_port port
 #define EPS_KW_bundle bundle
@@ -689,6 +958,74 @@ blocks:
                                neg_lr, inv_scale);                                             \
     }
 
+// eps_lamb_norms_<g> and eps_lamb_step_<c>: LAMB's two passes (docs/eps-numerics.md, "LAMB
+// update"). The buffers, then n (k), n_decay, nseg, then the nine LambScalars in their
+// order; the step kernel takes them all too (b1, omb1, b2, omb2 and inv_scale unused) so
+// that both kernels have one scalar order. seg (uint32[nseg + 1]) is the segments' bounds,
+// sums (float[nseg][2][16]) the first pass's partial sums, steps (float[nseg]) the host's
+// step sizes. Bundles numbered by position as in every other top function; the banks come
+// from the port names (u280.cfg, u50.cfg).
+#define EPS_LAMB_NORMS(GN, G)                                                                 \
+    extern "C" void eps_lamb_norms_##GN(                                                       \
+        const G::T *gr, const float *p, float *m, float *v, const unsigned *seg, float *sums,  \
+        const int *finite, unsigned n, unsigned k, unsigned n_decay, unsigned nseg, float b1,  \
+        float omb1, float b2, float omb2, float inv_bc2_sqrt, float eps, float inv_bc1,        \
+        float wd, float inv_scale) {                                                           \
+        EPS_MAXI(gr, gmem0)                                                                    \
+        EPS_MAXI(p, gmem1)                                                                     \
+        EPS_MAXI(m, gmem2)                                                                     \
+        EPS_MAXI(v, gmem3)                                                                     \
+        EPS_MAXI(seg, gmem4)                                                                   \
+        EPS_MAXI(sums, gmem5)                                                                  \
+        EPS_MAXI(finite, gmem6)                                                                \
+        EPS_LITE(n)                                                                            \
+        EPS_LITE(k)                                                                            \
+        EPS_LITE(n_decay)                                                                      \
+        EPS_LITE(nseg)                                                                         \
+        EPS_LITE(b1)                                                                           \
+        EPS_LITE(omb1)                                                                         \
+        EPS_LITE(b2)                                                                           \
+        EPS_LITE(omb2)                                                                         \
+        EPS_LITE(inv_bc2_sqrt)                                                                 \
+        EPS_LITE(eps)                                                                          \
+        EPS_LITE(inv_bc1)                                                                      \
+        EPS_LITE(wd)                                                                           \
+        EPS_LITE(inv_scale)                                                                    \
+        EPS_LITE(return)                                                                       \
+        eps::lamb_norms<G>(gr, p, m, v, seg, sums, finite, n, k, n_decay, nseg, b1, omb1, b2,  \
+                           omb2, inv_bc2_sqrt, eps, inv_bc1, wd, inv_scale);                   \
+    }
+
+#define EPS_LAMB_STEP(CN, C)                                                                  \
+    extern "C" void eps_lamb_step_##CN(                                                        \
+        float *p, const float *m, const float *v, C::T *copy, const unsigned *seg,             \
+        const float *steps, const int *finite, unsigned n, unsigned n_decay, unsigned nseg,    \
+        float b1, float omb1, float b2, float omb2, float inv_bc2_sqrt, float eps,             \
+        float inv_bc1, float wd, float inv_scale) {                                            \
+        EPS_MAXI(p, gmem0)                                                                     \
+        EPS_MAXI(m, gmem1)                                                                     \
+        EPS_MAXI(v, gmem2)                                                                     \
+        EPS_MAXI(copy, gmem3)                                                                  \
+        EPS_MAXI(seg, gmem4)                                                                   \
+        EPS_MAXI(steps, gmem5)                                                                 \
+        EPS_MAXI(finite, gmem6)                                                                \
+        EPS_LITE(n)                                                                            \
+        EPS_LITE(n_decay)                                                                      \
+        EPS_LITE(nseg)                                                                         \
+        EPS_LITE(b1)                                                                           \
+        EPS_LITE(omb1)                                                                         \
+        EPS_LITE(b2)                                                                           \
+        EPS_LITE(omb2)                                                                         \
+        EPS_LITE(inv_bc2_sqrt)                                                                 \
+        EPS_LITE(eps)                                                                          \
+        EPS_LITE(inv_bc1)                                                                      \
+        EPS_LITE(wd)                                                                           \
+        EPS_LITE(inv_scale)                                                                    \
+        EPS_LITE(return)                                                                       \
+        eps::lamb_step<C>(p, m, v, copy, seg, steps, finite, n, n_decay, nseg, inv_bc2_sqrt,   \
+                          eps, inv_bc1, wd);                                                   \
+    }
+
 #define EPS_COPY(CN, C)                                                                       \
     extern "C" void eps_copy_##CN(const float *p, C::T *copy, unsigned n) {                    \
         EPS_MAXI(p, gmem0)                                                                     \
@@ -719,6 +1056,14 @@ EPS_UPDATE_ALL_COPIES(f16, eps::F16)
 EPS_LION_ALL_COPIES(f32, eps::F32)
 EPS_LION_ALL_COPIES(bf16, eps::BF16)
 EPS_LION_ALL_COPIES(f16, eps::F16)
+
+EPS_LAMB_NORMS(f32, eps::F32)
+EPS_LAMB_NORMS(bf16, eps::BF16)
+EPS_LAMB_NORMS(f16, eps::F16)
+
+EPS_LAMB_STEP(f32, eps::F32)
+EPS_LAMB_STEP(bf16, eps::BF16)
+EPS_LAMB_STEP(f16, eps::F16)
 
 EPS_COPY(f32, eps::F32)
 EPS_COPY(bf16, eps::BF16)

@@ -120,7 +120,7 @@ def test_update_kernel_decay_boundary_past_n_acts_as_n(hls):
 def test_library_exports_every_kernel(hls):
     for name in hcb.KERNEL_NAMES:
         assert callable(getattr(hls.lib, name)), name
-    assert len(hcb.KERNEL_NAMES) == 24  # check 3, update (AdamW) 9, lion 9, copy 3
+    assert len(hcb.KERNEL_NAMES) == 30  # check 3, update (AdamW) 9, lion 9, lamb norms 3 and step 3, copy 3
     nm = shutil.which("nm")
     if nm:  # exactly these eps_* symbols, unmangled (extern "C")
         out = subprocess.run([nm, "-D", "--defined-only", hls.lib._name], capture_output=True, text=True,
@@ -257,9 +257,10 @@ def test_hls_parameters_match_the_opencl_kernels(macro):
 
 def test_hls_kernel_names_match_the_opencl_kernels():
     """The HLS source defines exactly KERNEL_NAMES; the OpenCL source the same check, AdamW
-    update and copy kernels (tests/test_lion_hls.py compares the Lion kernels with eps.cl's)."""
+    update and copy kernels (tests/test_lion_hls.py and tests/test_lamb_hls.py compare the Lion
+    and LAMB kernels with eps.cl's)."""
     src = hcb.kernel_source()
-    adamw_era = {name for name in hcb.KERNEL_NAMES if not name.startswith("eps_lion_")}
+    adamw_era = {name for name in hcb.KERNEL_NAMES if not name.startswith(("eps_lion_", "eps_lamb_"))}
     assert _cl_kernel_names(CL_SOURCE.read_text()) == adamw_era
     hls_names = {f"eps_check_{g}" for g in re.findall(r"^EPS_CHECK\((\w+),", src, re.MULTILINE)}
     hls_names |= {f"eps_copy_{c}" for c in re.findall(r"^EPS_COPY\((\w+),", src, re.MULTILINE)}
@@ -269,6 +270,8 @@ def test_hls_kernel_names_match_the_opencl_kernels():
     copies = re.findall(r"(?<!#define )EPS_LION\(GN, G, (\w+),", src)
     hls_names |= {f"eps_lion_{g}_{c}" for g in re.findall(r"^EPS_LION_ALL_COPIES\((\w+),", src, re.MULTILINE)
                   for c in copies}
+    hls_names |= {f"eps_lamb_norms_{g}" for g in re.findall(r"^EPS_LAMB_NORMS\((\w+),", src, re.MULTILINE)}
+    hls_names |= {f"eps_lamb_step_{c}" for c in re.findall(r"^EPS_LAMB_STEP\((\w+),", src, re.MULTILINE)}
     assert hls_names == set(hcb.KERNEL_NAMES)
     # the interface pragmas themselves, and II=1 element loops
     maxi = re.search(r"#define EPS_MAXI.*?\n(.*?)\n", src, re.DOTALL).group(0)

@@ -13,7 +13,11 @@ is itself tested by removing one directive from the source and seeing it fail:
   writes;
 - every loop is labelled and has a trip count (min <= avg <= max), every
   innermost loop is pipelined at II=1 or unrolled, and no outer loop is
-  pipelined.
+  pipelined;
+- LAMB's lane sums (the one loop that carries a value from one element to a
+  later one) keep LANES accumulators completely partitioned and declare the
+  true dependence at distance LANES that lets the loop start an element per
+  clock; each accumulator is indexed by the element's position mod LANES.
 
 docs/fpga.md ("Kernel structure") gives the II and bandwidth these aim at.
 """
@@ -173,7 +177,8 @@ def maxi_problems(src: str, cxx: str, tmp_path) -> list[str]:
 
 
 _READ, _WRITE = ("read_",), ("write_",)
-MACROS = ("EPS_CHECK", "EPS_UPDATE", "EPS_LION", "EPS_COPY")  # the top functions' macros, one per family
+MACROS = ("EPS_CHECK", "EPS_UPDATE", "EPS_LION", "EPS_LAMB_NORMS", "EPS_LAMB_STEP",
+          "EPS_COPY")  # the top functions' macros, one per family
 
 
 def dataflow_problems(src: str) -> list[str]:
@@ -269,6 +274,36 @@ def loop_problems(src: str) -> list[str]:
     return problems
 
 
+def lane_sum_problems(src: str) -> list[str]:
+    """lane_sums: LANES accumulators per sum, completely partitioned, indexed by i % LANES in
+    its pipelined accumulate loop, with a true RAW dependence at distance LANES declared."""
+    consts = _constants(src)
+    funcs = _functions(_strip_comments(src))
+    body = funcs.get("lane_sums")
+    if body is None:
+        return ["lane_sums: function not found"]
+    problems = []
+    lanes = consts.get("LANES")
+    if lanes != 16:
+        problems.append(f"LANES is {lanes}: the contract's lanes are 16 (numerics.LANES)")
+    loop = re.search(r"accumulate:\s*for\s*\(.*?\)\s*\{(.*?)\n    \}", body, re.S)
+    if loop is None:
+        return problems + ["lane_sums: no loop labelled accumulate"]
+    for acc in ("acc_p", "acc_u"):
+        if not re.search(rf"float {acc}\[LANES\];", body):
+            problems.append(f"lane_sums: {acc} is not float[LANES]")
+        if not re.search(rf"#pragma HLS ARRAY_PARTITION variable={acc} complete\b", body):
+            problems.append(f"lane_sums: {acc} not completely partitioned")
+        dep = re.search(rf"#pragma HLS DEPENDENCE variable={acc} inter RAW distance=(\w+) true\b", loop.group(1))
+        if dep is None or _value(dep.group(1), consts) != lanes:
+            problems.append(f"lane_sums: accumulate declares no true RAW dependence on {acc} at distance LANES")
+        if not re.search(rf"{acc}\[j\] = ", loop.group(1)):
+            problems.append(f"lane_sums: accumulate does not write {acc}[j]")
+    if not re.search(r"const unsigned j = i % LANES;", loop.group(1)):
+        problems.append("lane_sums: the lane is not the element's position mod LANES")
+    return problems
+
+
 # --------------------------------------------------------------------------
 # the source as it is
 # --------------------------------------------------------------------------
@@ -289,14 +324,22 @@ def test_every_loop_has_a_trip_count_and_ii():
     assert len(re.findall(r"#pragma HLS DATAFLOW", SOURCE)) == len(MACROS)  # one region per kernel family
 
 
+def test_lane_sums_declare_their_dependence():
+    assert lane_sum_problems(SOURCE) == []
+
+
 def test_the_m_axi_depths_cover_the_cosim_bench():
     """depth= is in elements; the co-simulation bench the comment names (one block and part of
     the next, k <= 4) fits, and the gradient ports hold k times the others."""
     consts = _constants(SOURCE)
     depth = {k: int(v) for k, v in re.findall(r"#define EPS_DEPTH_(\w+) (\d+)", SOURCE)}
-    assert set(depth) == {"g", "gr", "p", "m", "v", "copy", "finite"}
+    assert set(depth) == {"g", "gr", "p", "m", "v", "copy", "finite", "seg", "sums", "steps"}
     assert depth["p"] == depth["m"] == depth["v"] == depth["copy"] > consts["BLOCK"]
     assert depth["g"] == depth["gr"] == 4 * depth["p"] and depth["finite"] == 1
+    # LAMB's: nseg + 1 bounds, SUMS floats and one step size per segment, for one bench of nseg segments
+    nseg = depth["steps"]
+    assert nseg >= 8 and depth["seg"] == nseg + 1 and depth["sums"] == nseg * consts["SUMS"]
+    assert consts["SUMS"] == 2 * consts["LANES"] == 32
 
 
 # --------------------------------------------------------------------------
@@ -315,15 +358,23 @@ def _without(line_pattern: str, nth: int = 0) -> str:
 
 @pytest.mark.parametrize("edit", ["max_read_burst_length", "max_write_burst_length", "depth",
                                   "num_read_outstanding", "define_depth_copy", "shared_bundle",
-                                  "lion_shared_bundle", "plain_port"])
+                                  "lion_shared_bundle", "lamb_shared_bundle", "lamb_no_seg_port",
+                                  "plain_port"])
 def test_m_axi_check_catches_a_missing_option(cxx, tmp_path, edit):
     if edit == "define_depth_copy":
         src = _without(r"^#define EPS_DEPTH_copy ")
     elif edit == "shared_bundle":
         src = SOURCE.replace("EPS_MAXI(m, gmem2)", "EPS_MAXI(m, gmem1)")
-    elif edit == "lion_shared_bundle":  # in eps_lion only: its copy on its m's bundle
-        assert SOURCE.count("EPS_MAXI(copy, gmem3)") == 1
-        src = SOURCE.replace("EPS_MAXI(copy, gmem3)", "EPS_MAXI(copy, gmem2)")
+    elif edit == "lion_shared_bundle":  # in eps_lion only (the first of eps_lion, eps_lamb_step): copy on m's bundle
+        assert SOURCE.count("EPS_MAXI(copy, gmem3)") == 2
+        assert SOURCE.index("EPS_MAXI(copy, gmem3)") < SOURCE.index("#define EPS_LAMB_STEP")
+        src = SOURCE.replace("EPS_MAXI(copy, gmem3)", "EPS_MAXI(copy, gmem2)", 1)
+    elif edit == "lamb_shared_bundle":  # in eps_lamb_norms only: its sums on its seg's bundle
+        assert SOURCE.count("EPS_MAXI(sums, gmem5)") == 1
+        src = SOURCE.replace("EPS_MAXI(sums, gmem5)", "EPS_MAXI(sums, gmem4)")
+    elif edit == "lamb_no_seg_port":  # eps_lamb_step's seg without its interface pragma
+        assert SOURCE.count("EPS_MAXI(seg, gmem4)") == 2
+        src = _without(r"EPS_MAXI\(seg, gmem4\)", 1)
     elif edit == "plain_port":  # the old spelling: the parameter replaces the keyword too (g=g)
         src = SOURCE.replace("EPS_KW_port=port offset", "port=port offset")
     else:  # the option taken out of the EPS_MAXI macro
@@ -346,6 +397,15 @@ def test_dataflow_check_catches_a_missing_region_or_stream():
     assert problems == ["update_block: FIFO m_in has no #pragma HLS STREAM depth"], problems
     problems = dataflow_problems(_without(r"#pragma HLS STREAM variable=m_in ", 1))
     assert problems == ["lion_block: FIFO m_in has no #pragma HLS STREAM depth"], problems
+    # LAMB's regions: the norm pass's lane-sum FIFO, the step pass's v_in
+    problems = dataflow_problems(_without(r"#pragma HLS STREAM variable=lanes "))
+    assert problems == ["lamb_norms_block: FIFO lanes has no #pragma HLS STREAM depth"], problems
+    problems = dataflow_problems(_without(r"#pragma HLS STREAM variable=v_in ", 2))
+    assert problems == ["lamb_step_block: FIFO v_in has no #pragma HLS STREAM depth"], problems
+    # the sums written by nothing: lane_sums' output FIFO without its writer process
+    src = SOURCE.replace("    write_sums(lanes, sums, sbase);\n", "")
+    assert src != SOURCE
+    assert any("FIFO lanes used by ['lane_sums']" in p for p in dataflow_problems(src))
     # a FIFO with a second reader, and a statement that is not a process call
     src = SOURCE.replace("    write_array<float>(v_out, v, base, len);\n",
                          "    write_array<float>(v_out, v, base, len);\n    write_array<float>(m_in, v, base, len);\n")
@@ -371,3 +431,19 @@ def test_loop_check_catches_a_missing_trip_count_or_pipeline():
     bad = SOURCE.replace("#pragma HLS loop_tripcount min=1 max=TILES avg=TILES",
                          "#pragma HLS PIPELINE II=1\n#pragma HLS loop_tripcount min=1 max=TILES avg=TILES", 1)
     assert any("outer loop pipelined" in p for p in loop_problems(bad))
+
+
+@pytest.mark.parametrize("edit", ["dependence", "distance", "partition", "lanes", "index"])
+def test_lane_sum_check_catches_a_missing_directive(edit):
+    if edit == "dependence":
+        bad = _without(r"#pragma HLS DEPENDENCE variable=acc_u ")
+    elif edit == "distance":
+        bad = SOURCE.replace("variable=acc_p inter RAW distance=16 true", "variable=acc_p inter RAW distance=1 true")
+    elif edit == "partition":
+        bad = _without(r"#pragma HLS ARRAY_PARTITION variable=acc_p ")
+    elif edit == "lanes":
+        bad = SOURCE.replace("constexpr unsigned LANES = 16;", "constexpr unsigned LANES = 8;")
+    else:
+        bad = SOURCE.replace("const unsigned j = i % LANES;", "const unsigned j = (i + 1) % LANES;")
+    assert bad != SOURCE
+    assert lane_sum_problems(bad), edit

@@ -244,9 +244,9 @@ def test_long_run_stays_bit_identical(hls):
 
 
 def test_optimizers_and_state_shape(hls):
-    """hls-csim says it runs both optimizers; a step of one on the other's state is refused
-    before any kernel runs."""
-    assert HlsCsimBackend.optimizers == {"adamw", "lion"}
+    """hls-csim says it runs AdamW and Lion (and LAMB: tests/test_lamb_hls.py); a step of one on
+    the other's state is refused before any kernel runs."""
+    assert {"adamw", "lion"} <= HlsCsimBackend.optimizers
     n = 100
     p = np.ones(n, np.float32)
     adamw_layer, lion_layer = new_layer(), new_layer()
@@ -446,9 +446,11 @@ def test_lion_parameters_match_the_opencl_kernels():
     assert _params(body[body.index("(") + 1:body.rindex(")")]) == _hls_params("EPS_LION")[0]
 
 
-# each argument role's bank in u280.cfg and u50.cfg (their header's table): g and gr are the gradients
-BANKS = {"g": 0, "gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5}
-FAMILIES = {"eps_check": "EPS_CHECK", "eps_update": "EPS_UPDATE", "eps_lion": "EPS_LION", "eps_copy": "EPS_COPY"}
+# each argument role's bank in u280.cfg and u50.cfg (their header's table): g and gr are the gradients;
+# LAMB's segment bounds, sums and step sizes share the flag's
+BANKS = {"g": 0, "gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5, "seg": 5, "sums": 5, "steps": 5}
+FAMILIES = {"eps_check": "EPS_CHECK", "eps_update": "EPS_UPDATE", "eps_lion": "EPS_LION",
+            "eps_lamb_norms": "EPS_LAMB_NORMS", "eps_lamb_step": "EPS_LAMB_STEP", "eps_copy": "EPS_COPY"}
 
 
 @pytest.mark.parametrize("card", ["u280", "u50"])
@@ -461,7 +463,7 @@ def test_link_config_connects_every_kernel(card):
     sp = re.findall(r"(?m)^sp=(\w+)_1\.(\w+):HBM\[(\d+)\]$", text)
     want = set()
     for kernel in hcb.KERNEL_NAMES:
-        family = "_".join(kernel.split("_")[:2])
+        family = hcb.kernel_family(kernel)
         want |= {(kernel, port, str(BANKS[port])) for port in _hls_params(FAMILIES[family])[1]}
     assert len(sp) == len(set(sp)) and set(sp) == want
 

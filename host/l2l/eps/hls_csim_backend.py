@@ -8,9 +8,14 @@ for the card: finite flag set to 1, ``eps_check_<g>`` over the K contributions
 (back to back in one buffer), the optimizer's update kernel (which writes nothing
 when the flag was cleared), flag read back. The step scalars' type picks the
 update kernel (:data:`UPDATE_KERNELS`): ``eps_update_<g>_<c>`` on ``(p, m, v)`` for
-AdamW, ``eps_lion_<g>_<c>`` on ``(p, m)`` for Lion. Same semantics as the NumPy
-backend, bit for bit (docs/eps-numerics.md); tests/test_eps_backends_bitexact.py
-checks AdamW, tests/test_lion_hls.py Lion.
+AdamW, ``eps_lion_<g>_<c>`` on ``(p, m)`` for Lion. LAMB (a
+:class:`~l2l.eps.contract.LambStep`) is two kernels on ``(p, m, v)``
+(:data:`LAMB_KERNELS`): ``eps_lamb_norms_<g>`` (m', v' and each segment's 16-lane
+partial sums), the host's fold of the sums into one step size per segment
+(``LambStep.steps``), then ``eps_lamb_step_<c>`` (p' and the copy). Same
+semantics as the NumPy backend, bit for bit (docs/eps-numerics.md);
+tests/test_eps_backends_bitexact.py checks AdamW, tests/test_lion_hls.py Lion,
+tests/test_lamb_hls.py LAMB.
 
 The source is found by :mod:`l2l.kernels` (the checkout's ``hls/``, or the copy an
 installed l2l carries as package data). Build: ``g++`` with :data:`CXX_FLAGS`
@@ -43,8 +48,8 @@ import numpy as np
 from .. import kernels
 from ..errors import UserError
 from .backend import EpsBackend, adoptable, check_optimizer, check_state, check_step, read_only
-from .contract import StepScalars, optimizer_of
-from .numerics import COPY_DTYPES, GRAD_DTYPES
+from .contract import LambStep, StepScalars, optimizer_of
+from .numerics import COPY_DTYPES, GRAD_DTYPES, LANES
 
 KERNEL_SOURCE = kernels.source_path("hls")  # hls/eps_kernels.cpp, or its installed copy (l2l.kernels)
 DEFAULT_CXX = "g++"
@@ -58,9 +63,13 @@ SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["
 GRAD_SUFFIX = {GRAD_DTYPES[k]: SUFFIX[COPY_DTYPES[k]] for k in GRAD_DTYPES}
 KINDS = ("f32", "bf16", "f16")
 KERNEL_NAMES = ([f"eps_check_{g}" for g in KINDS] + [f"eps_update_{g}_{c}" for g in KINDS for c in KINDS]
-                + [f"eps_lion_{g}_{c}" for g in KINDS for c in KINDS] + [f"eps_copy_{c}" for c in KINDS])
-# each optimizer's update kernel family (eps_<family>_<g>_<c>), by contract.OPTIMIZERS name
+                + [f"eps_lion_{g}_{c}" for g in KINDS for c in KINDS]
+                + [f"eps_lamb_norms_{g}" for g in KINDS] + [f"eps_lamb_step_{c}" for c in KINDS]
+                + [f"eps_copy_{c}" for c in KINDS])
+# each one-pass optimizer's update kernel family (eps_<family>_<g>_<c>), by contract.OPTIMIZERS name
 UPDATE_KERNELS = {"adamw": "eps_update", "lion": "eps_lion"}
+# LAMB's two passes: the norms (eps_lamb_norms_<g>), then the step (eps_lamb_step_<c>)
+LAMB_KERNELS = ("eps_lamb_norms", "eps_lamb_step")
 MAX_N = (1 << 32) - 1  # n and k are 32-bit kernel arguments
 
 _ptr, _uint, _float = ctypes.c_void_p, ctypes.c_uint, ctypes.c_float
@@ -68,8 +77,21 @@ _ARGTYPES = {
     "eps_check": [_ptr, _ptr, _uint, _uint, _float],
     "eps_update": [_ptr] * 6 + [_uint, _uint, _uint] + [_float] * 9,  # n, k, n_decay, the step scalars
     "eps_lion": [_ptr] * 5 + [_uint, _uint, _uint] + [_float] * 7,  # n, k, n_decay, the Lion scalars
+    "eps_lamb_norms": [_ptr] * 7 + [_uint] * 4 + [_float] * 9,  # n, k, n_decay, nseg, the LAMB scalars
+    "eps_lamb_step": [_ptr] * 7 + [_uint] * 3 + [_float] * 9,  # n, n_decay, nseg, the LAMB scalars
     "eps_copy": [_ptr, _ptr, _uint],
 }
+
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's family, its name without the dtype suffixes: ``eps_update_f32_bf16`` ->
+    ``eps_update``, ``eps_lamb_norms_f16`` -> ``eps_lamb_norms``."""
+    parts = name.split("_")
+    while parts[-1] in KINDS:
+        parts.pop()
+    return "_".join(parts)
+
 
 _lock = threading.Lock()
 _libraries: dict[tuple[str, str], ctypes.CDLL] = {}
@@ -147,7 +169,7 @@ def load_library(cxx: str | None = None, cache_dir: str | os.PathLike | None = N
             lib = ctypes.CDLL(str(path))  # CDLL calls release the GIL
             for name in KERNEL_NAMES:
                 fn = getattr(lib, name)
-                fn.argtypes = _ARGTYPES["_".join(name.split("_")[:2])]
+                fn.argtypes = _ARGTYPES[kernel_family(name)]
                 fn.restype = None
             _libraries[key] = lib
         return lib
@@ -157,9 +179,21 @@ def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
+def _segment_bounds(step: LambStep, n: int) -> np.ndarray:
+    """The LAMB step's segment bounds as the kernels' ``seg``: uint32[nseg + 1], from 0 to ``n``,
+    non-decreasing (checked before any kernel runs)."""
+    bounds = np.asarray(step.segments.bounds)
+    if bounds.ndim != 1 or bounds.shape[0] < 2 or bounds[0] != 0 or bounds[-1] != n \
+            or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"LAMB segments {bounds.tolist()[:8]}... do not cover a layer of {n} elements")
+    if bounds.shape[0] - 1 != step.segments.count:
+        raise ValueError(f"LAMB segments: {bounds.shape[0]} bounds for {step.segments.count} segments")
+    return np.ascontiguousarray(bounds, dtype=np.uint32)  # every bound <= n <= MAX_N: exact
+
+
 class HlsCsimBackend(EpsBackend):
     name = "hls-csim"
-    optimizers = frozenset(UPDATE_KERNELS)
+    optimizers = frozenset({*UPDATE_KERNELS, "lamb"})
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -260,20 +294,44 @@ class HlsCsimBackend(EpsBackend):
         n = state[0].shape[0]
         check_step(grads, copy_out, n, n_decay)  # the shared contract, before any kernel runs
         check_optimizer(self, scalars, len(state) - 1)  # one we run, on state of its shape
-        kernel = UPDATE_KERNELS[optimizer_of(scalars).name]
+        seg = _segment_bounds(scalars, n) if isinstance(scalars, LambStep) else None
         block, k, gdtype = self._gradient_block(grads, n)
         c = self._check_copy(copy_out, n)
         g = GRAD_SUFFIX[gdtype]
         target = self._copy_target(copy_out)
+        n_decay = n if n_decay is None else n_decay
         flag = np.ones(1, np.int32)  # the host sets the flag; eps_check clears it
         self._fn[f"eps_check_{g}"](_addr(block), _addr(flag), n, k, scalars.inv_scale)
-        # buffers (gr, the state, copy, finite), n, k, n_decay, the scalars in their table order
-        self._fn[f"{kernel}_{g}_{c}"](_addr(block), *(_addr(a) for a in state), _addr(target), _addr(flag),
-                                      n, k, n if n_decay is None else n_decay, *scalars.as_tuple())
+        if seg is not None:
+            self._lamb(state, block, k, g, c, target, flag, n, n_decay, seg, scalars)
+        else:
+            kernel = UPDATE_KERNELS[optimizer_of(scalars).name]
+            # buffers (gr, the state, copy, finite), n, k, n_decay, the scalars in their table order
+            self._fn[f"{kernel}_{g}_{c}"](_addr(block), *(_addr(a) for a in state), _addr(target), _addr(flag),
+                                          n, k, n_decay, *scalars.as_tuple())
         finite = bool(flag[0])
         if finite and target is not copy_out:
             copy_out[...] = target
         return finite
+
+    def _lamb(self, state, block, k: int, g: str, c: str, target: np.ndarray, flag: np.ndarray, n: int,
+              n_decay: int, seg: np.ndarray, step: LambStep) -> None:
+        """LAMB's two kernels and the host's fold between them; nothing when the flag is clear."""
+        nseg = seg.shape[0] - 1
+        scalars = step.scalars.as_tuple()  # the nine kernel scalars, in LambScalars order
+        sums = np.zeros((nseg, 2, LANES), np.float32)
+        norms, apply = LAMB_KERNELS
+        # buffers (gr, p, m, v, seg, sums, finite), n, k, n_decay, nseg, the scalars
+        self._fn[f"{norms}_{g}"](_addr(block), *(_addr(a) for a in state), _addr(seg), _addr(sums), _addr(flag),
+                                 n, k, n_decay, nseg, *scalars)
+        if not flag[0]:  # nothing was written: no fold, no second pass
+            return
+        steps = np.ascontiguousarray(step.steps(sums), dtype=np.float32)
+        if steps.shape != (nseg,):
+            raise RuntimeError(f"LAMB step sizes of shape {steps.shape}, expected ({nseg},)")
+        # buffers (p, m, v, copy, seg, steps, finite), n, n_decay, nseg, the scalars
+        self._fn[f"{apply}_{c}"](*(_addr(a) for a in state), _addr(target), _addr(seg), _addr(steps), _addr(flag),
+                                 n, n_decay, nseg, *scalars)
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         p = self._state[layer][0]
