@@ -1,5 +1,5 @@
-// l2l eager param-server (EPS) kernels: finite check, fused reduce + AdamW +
-// device copy, and copy alone.
+// l2l eager param-server (EPS) kernels: finite check, fused reduce + AdamW (or
+// Lion) + device copy, and copy alone.
 //
 // Bit-exact with the NumPy golden model (host/l2l/eps/numerics.py) under the
 // contract docs/eps-numerics.md: every operation one binary32 op, round
@@ -9,8 +9,8 @@
 // for throughput only: OpenCL vector arithmetic is per-component IEEE.
 //
 // Argument order (fpga/ARGS.md; the same for the HLS and RTL kernels):
-// buffers first, then n and k (and n_decay for the update), then the step
-// scalars in the contract's table order.
+// buffers first, then n and k (and n_decay for the updates), then the step
+// scalars in the contract's table order (Lion's: its own table).
 //
 // Work split: vector j holds elements [VW j, VW j + VW) (VW below), and the
 // n % VW tail is done element by element. A kernel cuts its n / VW vectors
@@ -26,7 +26,8 @@
 //
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in ushort) or f16 (binary16 bits in ushort); kernels are instantiated
-// per combination and named eps_update_<G>_<C>, eps_check_<G>, eps_copy_<C>.
+// per combination and named eps_update_<G>_<C> (AdamW), eps_lion_<G>_<C> (Lion),
+// eps_check_<G>, eps_copy_<C>.
 
 #pragma OPENCL FP_CONTRACT OFF
 
@@ -272,8 +273,35 @@ EPS_CHECK(f16, ushort)
 #define FENCE_IF(nt) do { } while (0)
 #endif
 
-// One vector j of the update; P1 says how p1 comes from p0 (the decay boundary).
-#define UPDATE_V(G, C, j, P1)                                                          \
+// The walk every update kernel makes (AdamW's eps_update, Lion's eps_lion), around the
+// optimizer's own step on one vector, VEC(G, C, j, P1), and on one tail element, ONE(G, C, i)
+// (P1 says how p1 comes from p0: the decay boundary). Does nothing when *finite is 0.
+//
+// Parameter groups: elements [0, n_decay) are decayed, the rest keep p1 = p0 (no
+// multiply, exact). A chunk is walked in up to three runs so that the common loops
+// stay as they were: the whole vectors below the boundary, the one vector that
+// straddles it (n_decay % VW lanes decayed, a per-lane select), the whole vectors
+// past it. An n_decay above n acts as n (the host never passes one).
+#define UPDATE_WALK(G, C, VEC, ONE)                                                    \
+    if (*finite == 0) return;                                                          \
+    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
+    const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
+    const int nt = STREAMING(C, copy, p);                                              \
+    const size_t jd = n_decay / VW;          /* the first vector not wholly decayed */ \
+    const int straddle = (int)(n_decay % VW); /* its decayed lanes */                  \
+    size_t j = lo;                                                                     \
+    for (const size_t e = min(hi, jd); j < e; ++j) VEC(G, C, j, p0 * decay)            \
+    if (j == jd && j < hi && straddle != 0) {                                          \
+        VEC(G, C, j, select(p0, p0 * decay, LANES < (intV)straddle))                   \
+        ++j;                                                                           \
+    }                                                                                  \
+    for (; j < hi; ++j) VEC(G, C, j, p0)                                               \
+    FENCE_IF(nt);                                                                      \
+    if (me == items - 1)  /* the n % VW tail */                                        \
+        for (size_t i = nv * VW; i < n; ++i) ONE(G, C, i)
+
+// AdamW on vector j, and on tail element i.
+#define ADAMW_V(G, C, j, P1)                                                           \
     {                                                                                  \
         REDUCEV(G, gr, j, n, k, acc)                                                   \
         const floatV g = acc * inv_scale;                                              \
@@ -282,12 +310,16 @@ EPS_CHECK(f16, ushort)
         STOREF(p2, j, p); STOREF(m1, j, m); STOREF(v1, j, v);                          \
         STOREV_COPY(C, copy, j, p2, nt);                                               \
     }
+#define ADAMW_1(G, C, i)                                                               \
+    {                                                                                  \
+        REDUCE1(G, gr, i, n, k, acc)                                                   \
+        const float g = acc * inv_scale;                                               \
+        const float p0 = p[i], m0 = m[i], v0 = v[i];                                   \
+        ADAMW_BODY(float, i < n_decay ? p0 * decay : p0)                               \
+        p[i] = p2; m[i] = m1; v[i] = v1;                                               \
+        store1_##C(copy, i, p2);                                                       \
+    }
 
-// Parameter groups: elements [0, n_decay) are decayed, the rest keep p1 = p0 (no
-// multiply, exact). A chunk is walked in up to three runs so that the common loops
-// stay as they were: the whole vectors below the boundary, the one vector that
-// straddles it (n_decay % VW lanes decayed, a per-lane select), the whole vectors
-// past it. An n_decay above n acts as n (the host never passes one).
 #define EPS_UPDATE(G, GT, C, CT)                                                       \
 __kernel void eps_update_##G##_##C(                                                    \
         __global const GT *gr, __global float *p, __global float *m,                   \
@@ -296,30 +328,7 @@ __kernel void eps_update_##G##_##C(                                             
         const float decay, const float b1, const float omb1, const float b2,           \
         const float omb2, const float inv_bc2_sqrt, const float eps,                   \
         const float neg_step, const float inv_scale) {                                 \
-    if (*finite == 0) return;                                                          \
-    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
-    const size_t lo = chunk_start(nv, me, items), hi = chunk_start(nv, me + 1, items); \
-    const int nt = STREAMING(C, copy, p);                                              \
-    const size_t jd = n_decay / VW;          /* the first vector not wholly decayed */ \
-    const int straddle = (int)(n_decay % VW); /* its decayed lanes */                  \
-    size_t j = lo;                                                                     \
-    for (const size_t e = min(hi, jd); j < e; ++j) UPDATE_V(G, C, j, p0 * decay)       \
-    if (j == jd && j < hi && straddle != 0) {                                          \
-        UPDATE_V(G, C, j, select(p0, p0 * decay, LANES < (intV)straddle))              \
-        ++j;                                                                           \
-    }                                                                                  \
-    for (; j < hi; ++j) UPDATE_V(G, C, j, p0)                                          \
-    FENCE_IF(nt);                                                                      \
-    if (me == items - 1) {  /* the n % VW tail */                                      \
-        for (size_t i = nv * VW; i < n; ++i) {                                         \
-            REDUCE1(G, gr, i, n, k, acc)                                               \
-            const float g = acc * inv_scale;                                           \
-            const float p0 = p[i], m0 = m[i], v0 = v[i];                               \
-            ADAMW_BODY(float, i < n_decay ? p0 * decay : p0)                           \
-            p[i] = p2; m[i] = m1; v[i] = v1;                                           \
-            store1_##C(copy, i, p2);                                                   \
-        }                                                                              \
-    }                                                                                  \
+    UPDATE_WALK(G, C, ADAMW_V, ADAMW_1)                                                \
 }
 
 #define EPS_UPDATE_ALL_COPIES(G, GT)                                                   \
@@ -330,6 +339,66 @@ __kernel void eps_update_##G##_##C(                                             
 EPS_UPDATE_ALL_COPIES(f32, float)
 EPS_UPDATE_ALL_COPIES(bf16, ushort)
 EPS_UPDATE_ALL_COPIES(f16, ushort)
+
+// ---------------------------------------------------------------- Lion
+// eps_lion_<G>_<C>: the same pass as eps_update with Lion's state (p, m) and scalars. The
+// contract's order: c = (b1*m0) + (omb1*g) from the old m; p' = p1 + neg_lr where c > 0,
+// p1 - neg_lr where c < 0, p1 itself where c is a zero of either sign (its own sign of zero
+// kept); m' = (b2*m0) + (omb2*g). A NaN c (never from finite state and gradients) gives a
+// NaN p', as the golden model's p1 + sign(c) * neg_lr does. Bytes per element: the
+// contributions, p and m read, p, m and the copy written (8 fewer than AdamW's v).
+
+#define LION_BODY(T, P1)                                                               \
+    const T p1 = (P1);                                                                 \
+    const T c = (b1 * m0) + (omb1 * g);                                                \
+    const T m1 = (b2 * m0) + (omb2 * g);
+
+// p' from p1 and c on a vector: three selects, no branch.
+#define LION_STEP_V(p1, c)                                                             \
+    select(select(select((p1), (p1) + neg_lr, (c) > (floatV)0.0f), (p1) - neg_lr, (c) < (floatV)0.0f), \
+           (c), isnan(c))
+#define LION_STEP_1(p1, c)                                                             \
+    ((c) > 0.0f ? (p1) + neg_lr : (c) < 0.0f ? (p1) - neg_lr : isnan(c) ? (c) : (p1))
+
+#define LION_V(G, C, j, P1)                                                            \
+    {                                                                                  \
+        REDUCEV(G, gr, j, n, k, acc)                                                   \
+        const floatV g = acc * inv_scale;                                              \
+        const floatV p0 = LOADF(j, p), m0 = LOADF(j, m);                               \
+        LION_BODY(floatV, P1)                                                          \
+        const floatV p2 = LION_STEP_V(p1, c);                                          \
+        STOREF(p2, j, p); STOREF(m1, j, m);                                            \
+        STOREV_COPY(C, copy, j, p2, nt);                                               \
+    }
+#define LION_1(G, C, i)                                                                \
+    {                                                                                  \
+        REDUCE1(G, gr, i, n, k, acc)                                                   \
+        const float g = acc * inv_scale;                                               \
+        const float p0 = p[i], m0 = m[i];                                              \
+        LION_BODY(float, i < n_decay ? p0 * decay : p0)                                \
+        const float p2 = LION_STEP_1(p1, c);                                           \
+        p[i] = p2; m[i] = m1;                                                          \
+        store1_##C(copy, i, p2);                                                       \
+    }
+
+#define EPS_LION(G, GT, C, CT)                                                         \
+__kernel void eps_lion_##G##_##C(                                                      \
+        __global const GT *gr, __global float *p, __global float *m,                   \
+        __global CT *copy, __global const int *finite,                                 \
+        const uint n, const uint k, const uint n_decay,                                \
+        const float decay, const float b1, const float omb1, const float b2,           \
+        const float omb2, const float neg_lr, const float inv_scale) {                 \
+    UPDATE_WALK(G, C, LION_V, LION_1)                                                  \
+}
+
+#define EPS_LION_ALL_COPIES(G, GT)                                                     \
+    EPS_LION(G, GT, f32, float)                                                        \
+    EPS_LION(G, GT, bf16, ushort)                                                      \
+    EPS_LION(G, GT, f16, ushort)
+
+EPS_LION_ALL_COPIES(f32, float)
+EPS_LION_ALL_COPIES(bf16, ushort)
+EPS_LION_ALL_COPIES(f16, ushort)
 
 // ---------------------------------------------------------------- copy only
 // The device copy of the current master weights (after allocate or load).

@@ -6,8 +6,9 @@ platform, where ``p, m, v`` sit in the card's DRAM: only gradients go in and
 device copies come out. Per update: the K gradient contributions are one device
 buffer, back to back (on a CPU device, the host's own inbox, not copied);
 ``eps_check_*`` clears the layer's finite flag on any inf/NaN in their scaled
-sum; ``eps_update_*`` sums them again, runs AdamW in place and writes the
-device copy (doing nothing when the flag is clear); the copy is read back or,
+sum; ``eps_update_*`` (AdamW on ``p, m, v``) or ``eps_lion_*`` (Lion on ``p, m``)
+sums them again, runs the optimizer in place and writes the device copy (doing
+nothing when the flag is clear); the copy is read back or,
 on a CPU device, mapped. All on one in-order queue, waited for once, with the
 flag reset behind the wait for the next step.
 
@@ -33,7 +34,7 @@ from .. import kernels
 from ..errors import UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, read_only
-from .contract import StepScalars
+from .contract import LionScalars, StepScalars, optimizer_of
 from .numerics import COPY_DTYPES
 from .threads import available_cpus
 
@@ -52,13 +53,17 @@ MIN_CHUNK = 1024
 CHUNKS_PER_CU = 64
 WORK_GROUP = 256
 LAUNCHES = ("auto", "chunks", "vectors", "task")
-KERNEL_ARGS = {"check": 5, "update": 18, "copy": 3}  # per fpga/ARGS.md (the update: with n_decay)
+KERNEL_ARGS = {"check": 5, "update": 18, "lion": 15, "copy": 3}  # per fpga/ARGS.md (the updates: with n_decay)
 # The buffer arguments of each kernel family, by their fpga/ARGS.md names: the argument a
 # device buffer is bound to when it is made (OpenCLBackend._bind).
 BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
                "update": {"gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5},
+               "lion": {"gr": 0, "p": 1, "m": 2, "copy": 3, "finite": 4},
                "copy": {"p": 0, "copy": 1}}
-STATE_ARGS = ("p", "m", "v")  # a layer's state buffers, by their fpga/ARGS.md names
+STATE_ARGS = ("p", "m", "v")  # a layer's state buffers, by their fpga/ARGS.md names (Lion's: p, m)
+# Each optimizer's update kernels, eps_<family>_<g>_<c>, and their scalar arguments in order
+UPDATE_FAMILY = {"adamw": "update", "lion": "lion"}
+_SCALAR_NAMES = {cls: cls.names() for cls in (StepScalars, LionScalars)}
 PROBE_N = 4 * 16 + 3  # elements of the zero-copy probe: whole vectors of either width and a tail
 
 _PROBE = """
@@ -204,6 +209,7 @@ def _with_threads(cl, dev, threads: int | None):
 
 class OpenCLBackend(EpsBackend):
     name = "opencl"
+    optimizers = frozenset({"adamw", "lion"})
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -384,9 +390,10 @@ class OpenCLBackend(EpsBackend):
         """(kernel, argument) that places a buffer made before the kernel using it is known: a
         layer's p, m, v and the finite flag. An eps_update kernel where the program has one (the
         kernel whose streams matter; also the RTL kernel, which has no eps_check), else a
-        kernel of the other family with that argument. hls/u280.cfg keeps an argument in one
-        bank across all kernels, so any of them places the buffer for every kernel using it."""
-        for family in ("update", "check", "copy"):
+        kernel of another family with that argument (eps_lion, eps_check, eps_copy). hls/u280.cfg
+        keeps an argument in one bank across all kernels, so any of them places the buffer for
+        every kernel using it."""
+        for family in ("update", "lion", "check", "copy"):
             if arg in BUFFER_ARGS[family]:
                 names = sorted(n for n in self._kernels if n.startswith(f"eps_{family}_"))
                 if names:
@@ -471,7 +478,8 @@ class OpenCLBackend(EpsBackend):
                 raise UserError(f"{where}: kernel {name} takes {nargs} arguments, expected "
                                 f"{KERNEL_ARGS[family]} (fpga/ARGS.md)")
         if not found:
-            raise UserError(f"{where}: no EPS kernels (eps_check_*, eps_update_*, eps_copy_*) in the program")
+            raise UserError(f"{where}: no EPS kernels (eps_check_*, eps_update_*, eps_lion_*, eps_copy_*) "
+                            f"in the program")
 
     def _kernel(self, name: str):
         try:
@@ -586,24 +594,29 @@ class OpenCLBackend(EpsBackend):
         self._numel.pop(layer, None)
         self._moments.pop(layer, None)
 
-    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
+    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars | LionScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
+        """``eps_check_<g>``, then the update kernel of the scalars' optimizer: ``eps_update_<g>_<c>``
+        (AdamW, state ``p, m, v``) or ``eps_lion_<g>_<c>`` (Lion, state ``p, m``), with its
+        arguments in fpga/ARGS.md's order: the buffers, ``n, k, n_decay``, the scalars in their
+        field order."""
         cl = self._cl
         n = self._numel[layer]
         check_step(grads, copy_out, n, n_decay)  # before anything is enqueued: a refused step writes nothing
         check_optimizer(self, scalars, self._moments[layer])
         if n == 0:
             return True
-        g, c, s = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype], scalars
-        gbuf, k = self._gradients_in(grads, f"eps_update_{g}_{c}")
-        p, m, v = self._state[layer]
-        target = (p, True) if self._is_master(layer, copy_out) else self._copy_target(copy_out, f"eps_update_{g}_{c}")
+        g, c = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype]
+        update = f"eps_{UPDATE_FAMILY[optimizer_of(scalars).name]}_{g}_{c}"
+        self._kernel(update)  # a program without it (a binary built before Lion) says so before any work
+        gbuf, k = self._gradients_in(grads, update)
+        state = self._state[layer]
+        target = (state[0], True) if self._is_master(layer, copy_out) else self._copy_target(copy_out, update)
         flag = np.zeros(1, np.int32)
         try:
-            self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), s.inv_scale, k=k)
-            self._launch(f"eps_update_{g}_{c}", n, gbuf, p, m, v, target[0], self._flag, np.uint32(n),
-                         np.uint32(k), np.uint32(n if n_decay is None else n_decay), s.decay, s.b1, s.omb1,
-                         s.b2, s.omb2, s.inv_bc2_sqrt, s.eps, s.neg_step, s.inv_scale)
+            self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), scalars.inv_scale, k=k)
+            self._launch(update, n, gbuf, *state, target[0], self._flag, np.uint32(n), np.uint32(k),
+                         np.uint32(n if n_decay is None else n_decay), *_scalars(scalars))
             if target[1]:  # the copy is copy_out's own memory: a map (and unmap) hands it to the host
                 self._map(target[0], copy_out.nbytes).base.release()
             read = cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
@@ -693,6 +706,13 @@ class OpenCLBackend(EpsBackend):
 
     def close(self) -> None:
         self.queue.finish()
+
+
+def _scalars(scalars) -> tuple:
+    """The step scalars in their field order (the kernels' argument order); not ``as_tuple``,
+    whose deep copy takes several microseconds a step."""
+    names = _SCALAR_NAMES.get(type(scalars)) or scalars.names()
+    return tuple(getattr(scalars, name) for name in names)
 
 
 def _same_arg(a, b) -> bool:
