@@ -4,17 +4,20 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from l2l.eps.contract import StepScalars
+from l2l.eps.contract import LionScalars, StepScalars
 from l2l.eps.opencl_backend import kernel_source
 
 SCALARS = list(StepScalars.names())
 # eps_update_<g>_<c>'s arguments (fpga/ARGS.md): buffers, n, k, the decay boundary, the step scalars
 UPDATE_ARGS = ["gr", "p", "m", "v", "copy", "finite", "n", "k", "n_decay", *SCALARS]
+# eps_lion_<g>_<c>'s: Lion's state (no v), then the Lion scalars in their field order
+LION_ARGS = ["gr", "p", "m", "copy", "finite", "n", "k", "n_decay", *LionScalars.names()]
 
 
 def _params(source: str, kernel: str) -> list[str]:
     """Parameter names of ``kernel`` in an OpenCL source written with the EPS_* macros."""
-    macro = {"eps_check": "EPS_CHECK", "eps_update": "EPS_UPDATE", "eps_copy": "EPS_COPY"}[kernel]
+    macro = {"eps_check": "EPS_CHECK", "eps_update": "EPS_UPDATE", "eps_lion": "EPS_LION",
+             "eps_copy": "EPS_COPY"}[kernel]
     body = re.search(rf"#define {macro}\([\w, ]+\)(.*?)\{{", source, re.S).group(1)
     signature = body[body.index("(") + 1:body.rindex(")")]
     return [re.sub(r"[\s\\]+", " ", p).strip().split(" ")[-1].lstrip("*") for p in signature.split(",")]
@@ -24,8 +27,10 @@ def test_opencl_kernels_follow_the_shared_order():
     src = kernel_source()
     assert _params(src, "eps_check") == ["g", "finite", "n", "k", "inv_scale"]
     assert _params(src, "eps_update") == UPDATE_ARGS
+    assert _params(src, "eps_lion") == LION_ARGS
     assert _params(src, "eps_copy") == ["p", "copy", "n"]
     assert SCALARS == ["decay", "b1", "omb1", "b2", "omb2", "inv_bc2_sqrt", "eps", "neg_step", "inv_scale"]
+    assert list(LionScalars.names()) == ["decay", "b1", "omb1", "b2", "omb2", "neg_lr", "inv_scale"]
 
 
 def test_opencl_source_keeps_the_contract_rules():
@@ -44,6 +49,35 @@ def _hls_update_params() -> list[str]:
     src = (ROOT / "hls" / "eps_kernels.cpp").read_text()
     found = re.search(r'#define EPS_UPDATE\([\w, ]+\)\s*\\?\s*extern "C" void [\w#]+\((.*?)\)\s*\{', src, re.S)
     return [re.sub(r"[\s\\]+", " ", p).strip().split(" ")[-1].lstrip("*") for p in found.group(1).split(",")]
+
+
+def _signatures(source: str, prefix: str) -> list[list[str]]:
+    """The parameter names of every kernel ``prefix...`` a source defines (an OpenCL ``__kernel``,
+    an HLS ``extern "C"`` top function), however it is written: in a macro
+    (``eps_lion_##G##_##C(``) or out in full."""
+    found = re.findall(rf'(?:__kernel|extern "C")\s+void\s+{prefix}[\w#]*\s*\((.*?)\)\s*\{{', source, re.S)
+    return [[re.sub(r"[\s\\]+", " ", p).strip().split(" ")[-1].lstrip("*") for p in sig.split(",")]
+            for sig in found]
+
+
+LION_SOURCES = {"fpga/opencl/eps.cl": kernel_source, "hls/eps_kernels.cpp":
+                lambda: (ROOT / "hls" / "eps_kernels.cpp").read_text()}
+
+
+def test_every_source_with_lion_kernels_takes_their_order():
+    """eps_lion_<g>_<c> in every kernel source that has it (the OpenCL C one does; the HLS C++
+    one once it has them): buffers gr, p, m, copy, finite, then n, k, n_decay, then the
+    LionScalars fields in order -- in every definition, however written."""
+    have = {}
+    for name, read in LION_SOURCES.items():
+        src = read()
+        if re.search(r"eps_lion_[\w#]*\s*\(", src):  # a kernel defined or called, not a mention
+            have[name] = _signatures(src, "eps_lion_")
+    assert have.get("fpga/opencl/eps.cl"), "eps.cl defines no eps_lion_ kernel"
+    for name, signatures in have.items():
+        assert signatures, f"{name} names eps_lion_ kernels but defines none this test can read"
+        for params in signatures:
+            assert params == LION_ARGS, (name, params)
 
 
 def _rtl_register_map() -> list[tuple[int, str]]:
