@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 
-from l2l.eps import OptimizerHyper, EagerParamServer, NumpyBackend, OpenCLBackend, StepScalars
+from l2l.eps import OptimizerHyper, EagerParamServer, LionScalars, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps import opencl_backend
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 
@@ -29,13 +29,16 @@ from test_kernel_interface import _params
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 # The role of each buffer argument, by kernel family and index (fpga/ARGS.md): a role has
-# one bank in hls/u280.cfg. eps_check's g and eps_update's gr are one role, the gradients.
+# one bank in hls/u280.cfg. eps_check's g and eps_update's (and eps_lion's) gr are one role,
+# the gradients.
 ROLES = {"check": ("grads", "finite"),
          "update": ("grads", "p", "m", "v", "copy", "finite"),
+         "lion": ("grads", "p", "m", "copy", "finite"),
          "copy": ("p", "copy")}
 ALL_ROLES = {"grads", "p", "m", "v", "copy", "finite"}
 ALL_KERNELS = ({f"eps_check_{g}" for g in ("f32", "bf16", "f16")}
                | {f"eps_update_{g}_{c}" for g, c in itertools.product(("f32", "bf16", "f16"), repeat=2)}
+               | {f"eps_lion_{g}_{c}" for g, c in itertools.product(("f32", "bf16", "f16"), repeat=2)}
                | {f"eps_copy_{c}" for c in ("f32", "bf16", "f16")})
 
 
@@ -155,14 +158,16 @@ def _copy_out(n: int, cdtype: str, strided: bool) -> np.ndarray:
 
 
 def _drive_backend(be, ref, rng) -> None:
-    """Two layers through every gradient and copy dtype, K = 1 and 2, gradients as one block
-    and as separate arrays, copies contiguous and strided; then a checkpoint's round trip.
-    ``ref`` (the NumPy golden model) takes the same calls: the bits must not change."""
-    sizes = {0: 3001, 1: 40}
+    """Two AdamW layers and two Lion layers through every gradient and copy dtype, K = 1 and 2,
+    gradients as one block and as separate arrays, copies contiguous and strided; then a
+    checkpoint's round trip. ``ref`` (the NumPy golden model) takes the same calls: the bits
+    must not change."""
+    sizes = {0: 3001, 1: 40, 2: 2003, 3: 24}
+    lion = {2, 3}
     for layer, n in sizes.items():
         p = rng.standard_normal(n).astype(np.float32)
-        be.allocate(layer, p)
-        ref.allocate(layer, p)
+        be.allocate(layer, p, 1 if layer in lion else 2)
+        ref.allocate(layer, p, 1 if layer in lion else 2)
     for cdtype, strided in itertools.product(DTYPES, (False, True)):
         for layer, n in sizes.items():
             a, b = _copy_out(n, cdtype, strided), _copy_out(n, cdtype, strided)
@@ -173,15 +178,18 @@ def _drive_backend(be, ref, rng) -> None:
     for gdtype, cdtype, k in itertools.product(DTYPES, DTYPES, (1, 2)):
         for separate in (False, True):  # (K, n) block as the server's inbox, or K arrays
             t += 1
-            s = StepScalars.compute(OptimizerHyper(), t, divisor=float(k))
+            adamw = StepScalars.compute(OptimizerHyper(), t, divisor=float(k))
+            lion_s = LionScalars.compute(OptimizerHyper(optimizer="lion"), t, divisor=float(k))
             for layer, n in sizes.items():
                 block = (rng.standard_normal((k, n)) * 1e-2).astype(GRAD_DTYPES[gdtype])
                 grads = list(block) if separate else block
                 a, b = _copy_out(n, cdtype, separate), _copy_out(n, cdtype, separate)
+                s = lion_s if layer in lion else adamw
                 assert be.step(layer, grads, s, a) and ref.step(layer, grads, s, b)
                 assert_same(a, b, f"step {t}: {gdtype} -> {cdtype}, K={k}, separate={separate}")
     for layer in sizes:
         state = be.read_state(layer)
+        assert len(state) == (2 if layer in lion else 3)
         for what, x, y in zip("pmv", state, ref.read_state(layer)):
             assert_same(x, y, f"layer {layer} {what}")
         be.write_state(layer, *state)
