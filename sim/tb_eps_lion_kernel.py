@@ -185,7 +185,8 @@ async def lion_throughput(dut):
     """Memory that never pauses: the check and the update pass each at >= 0.95/K element per
     clock per lane in steady state (whole reducer blocks between the 10 % and the 90 % beat),
     K from ``$L2L_KERNEL_RATE_K``, ``$L2L_KERNEL_RATE_N`` elements a layer; outputs still
-    checked bit for bit. Figures go to ``$L2L_KERNEL_REPORT``."""
+    checked bit for bit. Figures (the whole passes' too, not asserted) go to
+    ``$L2L_KERNEL_REPORT``."""
     tb = LionTB(dut, 3)
     await tb.reset()
     Ks = [int(x) for x in os.environ.get("L2L_KERNEL_RATE_K", "1").split(",")]
@@ -202,7 +203,11 @@ async def lion_throughput(dut):
         cycles = await tb.lion_update(lay, n, K, grads_of(case), case.s, True, case.updated(tb.cdtype, g),
                                       f"rate K={K}")
         probe.stop()
-        run = {"K": K, "n": n, "total_cycles": cycles,
+        check = probe.first(RateProbe.S_SAMPLE) - probe.first(RateProbe.S_CHECK)
+        upd = probe.first(RateProbe.S_DONE) - probe.first(RateProbe.S_UPDATE)
+        run = {"K": K, "n": n, "total_cycles": cycles, "check_cycles": check, "update_cycles": upd,
+               "check_elems_per_cycle_per_lane": n / tb.lanes / check,
+               "update_elems_per_cycle_per_lane": n / tb.lanes / upd,
                "check_steady_elems_per_cycle_per_lane": RateProbe.steady(probe.gr, K * block) / K,
                "update_steady_elems_per_cycle_per_lane": RateProbe.steady(probe.pw, block)}
         report["runs"].append(run)

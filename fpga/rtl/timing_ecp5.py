@@ -82,6 +82,7 @@ UNITS = [
     Unit("cvt_fp32_to_bf16", "l2l_cvt_fp32_to_bf16"),
     Unit("cvt_fp32_to_fp16", "l2l_cvt_fp32_to_fp16"),
     Unit("adamw", "l2l_eps_adamw", {"LANES": 1, "CDTYPE": 0}),
+    Unit("lion", "l2l_eps_lion", {"LANES": 1, "CDTYPE": 0}),
 ]
 BY_KEY = {u.key: u for u in UNITS}
 
