@@ -142,8 +142,8 @@ def test_lion_kernel_lanes4_bf16():
     """LANES = 4, bf16 gradients and copy, 8-beat bursts and blocks: n = 1, 3, 31, 33 (BURST x
     LANES +- 1), 301 (ten blocks, ends mid-beat and mid-burst), K = 1 and 2, gradients
     mid-beat, 3 steps on one state, c a zero, a NaN gradient (untouched) then a finite step;
-    decay boundaries at 0, inside a beat, on the burst / block edge, on the partial last beat,
-    above n; n = 0 / k = 0 / k = 256; the steady-state rate of both passes at K = 1 (at K = 2
+    decay boundaries at 0, inside a beat, on the burst / block edge, n - 1 (just before the
+    partial last beat), above n; n = 0 / k = 0 / k = 256; the steady-state rate of both passes at K = 1 (at K = 2
     blocks of 8 beats are shorter than the reducer's adder: its read-after-write stall, by
     design; tests/test_rtl_kernel.py measures K = 2 with 64-beat blocks)."""
     run_lion_kernel(["lion_cases", "lion_edge_args", "lion_throughput"], lanes=4, gdtype="bf16", cdtype="bf16",
