@@ -331,6 +331,7 @@ LION_CORNERS = [
 
 
 @pytest.mark.parametrize("params", LION_CORNERS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.heavy
 def test_lion_kernel_lint(params):
     """verilator --lint-only -Wall on the Lion kernel (tests/test_rtl_lint.py's check: no
     warning, waivers in place only) at the default shape, the shapes simulated here and the
