@@ -28,11 +28,19 @@ layers a decay boundary where the server passed none (all decayed), as a
 server with parameter groups asks for: what the NumPy EPS does with it is
 recorded, and the replay writes it to the kernel's n_decay register.
 
+The optimizer is the run's (``record(optimizer=...)``, ``--optimizer`` on the
+command line): AdamW's updates hold the state ``(p, m, v)`` and
+:class:`~l2l.eps.contract.StepScalars`, Lion's ``(p, m)`` (``v`` and
+``v_out`` are None) and :class:`~l2l.eps.contract.LionScalars`; the trace's
+header names the optimizer, and a trace without one is AdamW's.
+
 :func:`record` runs and saves a trace (``.npz``: bit patterns, so bfloat16
 and binary16 survive any NumPy); :func:`load` reads one back as
 :class:`Trace`; :func:`grad_words` turns a (K, n) gradient block into the
 words the kernel's ``gr`` buffer holds (the K contributions back to back).
 Loading needs only NumPy (the cocotb process never imports torch).
+
+    .venv/bin/python sim/eps_trace.py trace.npz --optimizer lion --precision bf16 --contributors 2
 """
 from __future__ import annotations
 
@@ -44,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from l2l.eps.backend import EpsBackend
-from l2l.eps.contract import StepScalars
+from l2l.eps.contract import OPTIMIZERS, StepScalars, optimizer_of
 from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
 
 _UINT = {2: np.uint16, 4: np.uint32}
@@ -60,15 +68,15 @@ class Update:
     """One EPS layer update as the NumPy backend saw and did it."""
     layer: int
     grads: np.ndarray          # (K, n), the gradient dtype
-    scalars: StepScalars
+    scalars: StepScalars       # (LionScalars in a Lion run)
     n_decay: int               # elements [0, n_decay) weight-decayed (n: all)
     p: np.ndarray              # state before (float32)
     m: np.ndarray
-    v: np.ndarray
+    v: np.ndarray | None       # None in a Lion run (state p, m)
     finite: bool
     p_out: np.ndarray          # state after (unchanged when not finite)
     m_out: np.ndarray
-    v_out: np.ndarray
+    v_out: np.ndarray | None
     copy_out: np.ndarray       # the device copy after the update (the copy dtype)
 
 
@@ -78,6 +86,7 @@ class Trace:
     cdtype: str
     updates: list[Update]
     meta: dict
+    optimizer: str = "adamw"
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,7 @@ class RecordingBackend(EpsBackend):
     """
 
     name = "recording"
+    optimizers = frozenset(OPTIMIZERS)     # whatever the inner backend runs (it checks)
 
     def __init__(self, inner: EpsBackend, poison: Poison | None = None,
                  decay_split: dict[int, int] | None = None) -> None:
@@ -112,12 +122,12 @@ class RecordingBackend(EpsBackend):
         self.updates: list[Update] = []
         self._count: dict[int, int] = {}    # layer -> step calls so far
 
-    def allocate(self, layer: int, p: np.ndarray) -> None:
-        self.inner.allocate(layer, p)
+    def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
+        self.inner.allocate(layer, p, moments)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
-        p, m, v = self.inner.read_state(layer)
+        p, m, *v = self.inner.read_state(layer)        # v: [v] (AdamW) or [] (Lion)
         n_decay = self.decay_split.get(layer, n_decay)
         g = np.array(np.stack([np.asarray(x) for x in grads]) if not isinstance(grads, np.ndarray)
                      else grads, copy=True)
@@ -128,9 +138,10 @@ class RecordingBackend(EpsBackend):
             g[q.contributor, q.index] = q.value    # to the gradient dtype: inf and NaN survive
             grads = g
         finite = self.inner.step(layer, grads, scalars, copy_out, n_decay=n_decay)
-        p2, m2, v2 = self.inner.read_state(layer)
+        p2, m2, *v2 = self.inner.read_state(layer)
         self.updates.append(Update(layer, g, scalars, p.shape[0] if n_decay is None else int(n_decay),
-                                   p, m, v, bool(finite), p2, m2, v2, np.array(copy_out, copy=True)))
+                                   p, m, v[0] if v else None, bool(finite), p2, m2, v2[0] if v2 else None,
+                                   np.array(copy_out, copy=True)))
         return finite
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
@@ -139,8 +150,8 @@ class RecordingBackend(EpsBackend):
     def read_state(self, layer: int):
         return self.inner.read_state(layer)
 
-    def write_state(self, layer: int, p, m, v) -> None:
-        self.inner.write_state(layer, p, m, v)
+    def write_state(self, layer: int, p, *moments) -> None:
+        self.inner.write_state(layer, p, *moments)
 
     def close(self) -> None:
         self.inner.close()
@@ -149,7 +160,7 @@ class RecordingBackend(EpsBackend):
 def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, steps: int = 2,
            d_model: int = 4, heads: int = 1, layers: int = 1, seq_len: int = 8, batch_size: int = 4,
            micro_batches: int = 2, lr: float = 2e-3, seed: int = 0, poison: Poison | None = None,
-           decay_split: dict[int, int] | None = None) -> Trace:
+           decay_split: dict[int, int] | None = None, optimizer: str = "adamw") -> Trace:
     """Train a tiny GPT for ``steps`` steps with the recording NumPy EPS; save and return the trace.
 
     ``precision`` (fp32, bf16, fp16) is the relay's compute precision and so the
@@ -158,6 +169,7 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     ``poison`` makes one update non-finite (see :class:`Poison`); ``decay_split``
     (``{layer: n_decay}``) gives those layers a decay boundary (see
     :class:`RecordingBackend`); both are kept in the trace's ``meta``.
+    ``optimizer`` (adamw, lion) is the EPS's (``OptimizerHyper.optimizer``).
     """
     import torch
 
@@ -168,7 +180,7 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
 
     cfg = ModelConfig(family="gpt", layers=layers, d_model=d_model, heads=heads, seq_len=seq_len, dropout=0.0)
     rec = RecordingBackend(NumpyBackend(), poison, decay_split)
-    eps = EagerParamServer(rec, OptimizerHyper(lr=lr), copy_dtype=precision, grad_dtype=precision,
+    eps = EagerParamServer(rec, OptimizerHyper(lr=lr, optimizer=optimizer), copy_dtype=precision, grad_dtype=precision,
                            contributors=contributors)
     cpu = torch.device("cpu")
     if contributors == 1:
@@ -190,8 +202,8 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
         eps.close()
     meta = {"precision": precision, "contributors": contributors, "steps": steps, "model": cfg.to_dict(),
             "lr": lr, "losses": losses, "poison": None if poison is None else vars(poison),
-            "decay_split": {str(k): v for k, v in (decay_split or {}).items()}}
-    trace = Trace(precision, precision, list(rec.updates), meta)
+            "decay_split": {str(k): v for k, v in (decay_split or {}).items()}, "optimizer": optimizer}
+    trace = Trace(precision, precision, list(rec.updates), meta, optimizer)
     save(trace, path)
     return trace
 
@@ -203,9 +215,13 @@ def save(trace: Trace, path: str | Path) -> None:
         index.append({"layer": u.layer, "finite": u.finite, "n_decay": u.n_decay})
         arrays[f"{i}.grads"] = _bits(u.grads)
         arrays[f"{i}.scalars"] = np.asarray(u.scalars.as_tuple(), np.float32).view(np.uint32)
+        if optimizer_of(u.scalars).name != trace.optimizer:
+            raise ValueError(f"update {i}: {type(u.scalars).__name__} in a {trace.optimizer} trace")
         for name in ("p", "m", "v", "p_out", "m_out", "v_out", "copy_out"):
-            arrays[f"{i}.{name}"] = _bits(getattr(u, name))
-    head = {"gdtype": trace.gdtype, "cdtype": trace.cdtype, "updates": index, "meta": trace.meta}
+            if getattr(u, name) is not None:
+                arrays[f"{i}.{name}"] = _bits(getattr(u, name))
+    head = {"gdtype": trace.gdtype, "cdtype": trace.cdtype, "optimizer": trace.optimizer, "updates": index,
+            "meta": trace.meta}
     arrays["header"] = np.frombuffer(json.dumps(head).encode(), np.uint8)
     np.savez_compressed(path, **arrays)
 
@@ -214,20 +230,50 @@ def load(path: str | Path) -> Trace:
     with np.load(path) as z:
         head = json.loads(z["header"].tobytes().decode())
         gdt, cdt = GRAD_DTYPES[head["gdtype"]], COPY_DTYPES[head["cdtype"]]
+        optimizer = head.get("optimizer", "adamw")         # a trace from before Lion is AdamW's
+        scalars = OPTIMIZERS[optimizer].scalars
         f32 = lambda a: a.view(np.float32)  # noqa: E731
+        v_of = lambda key: f32(z[key]) if key in z.files else None  # noqa: E731
         updates = []
         for i, ent in enumerate(head["updates"]):
-            s = StepScalars(*(np.float32(x) for x in z[f"{i}.scalars"].view(np.float32)))
+            s = scalars(*(np.float32(x) for x in z[f"{i}.scalars"].view(np.float32)))
             updates.append(Update(
                 layer=ent["layer"], grads=z[f"{i}.grads"].view(gdt), scalars=s,
                 # a trace from before the parameter groups decayed every element
                 n_decay=int(ent.get("n_decay", z[f"{i}.p"].shape[0])),
-                p=f32(z[f"{i}.p"]), m=f32(z[f"{i}.m"]), v=f32(z[f"{i}.v"]), finite=ent["finite"],
-                p_out=f32(z[f"{i}.p_out"]), m_out=f32(z[f"{i}.m_out"]), v_out=f32(z[f"{i}.v_out"]),
+                p=f32(z[f"{i}.p"]), m=f32(z[f"{i}.m"]), v=v_of(f"{i}.v"), finite=ent["finite"],
+                p_out=f32(z[f"{i}.p_out"]), m_out=f32(z[f"{i}.m_out"]), v_out=v_of(f"{i}.v_out"),
                 copy_out=z[f"{i}.copy_out"].view(cdt)))
-    return Trace(head["gdtype"], head["cdtype"], updates, head["meta"])
+    return Trace(head["gdtype"], head["cdtype"], updates, head["meta"], optimizer)
 
 
 def grad_words(grads: np.ndarray) -> np.ndarray:
     """The (K, n) contributions as one run of words, contribution 0 first (the ``gr`` buffer)."""
     return _bits(np.ascontiguousarray(grads)).reshape(-1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Record a trace from the command line (the tests call :func:`record` themselves)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="record every EPS update of a tiny training run")
+    ap.add_argument("out", type=Path, help="the trace file to write (.npz)")
+    ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
+    ap.add_argument("--precision", choices=sorted(COPY_DTYPES), default="fp32",
+                    help="compute precision: the gradient and device-copy dtype")
+    ap.add_argument("--contributors", type=int, default=1, help="data-parallel workers (K)")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    args = ap.parse_args(argv)
+    trace = record(args.out, precision=args.precision, contributors=args.contributors, steps=args.steps,
+                   d_model=args.d_model, seq_len=args.seq_len, lr=args.lr, optimizer=args.optimizer)
+    skipped = sum(not u.finite for u in trace.updates)
+    print(f"{args.out}: {len(trace.updates)} {trace.optimizer} updates ({skipped} not finite), "
+          f"{trace.gdtype} gradients, K = {args.contributors}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

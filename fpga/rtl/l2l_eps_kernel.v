@@ -1,9 +1,9 @@
 // l2l_eps_kernel -- the RTL EPS as a Vitis RTL kernel: one layer update
-// (finite check, gradient reduction, AdamW, device copy) per ap_start.
+// (finite check, gradient reduction, AdamW or Lion, device copy) per ap_start.
 //
 // What: the host writes the arguments of eps_update_<g>_<c> (fpga/ARGS.md,
-// "RTL kernel") into the ap_ctrl_hs register map of l2l_axil_ctrl and sets
-// ap_start. A run is
+// "RTL kernel"; eps_lion_<g>_<c> when OPTIMIZER = 1, its "Lion" subsection)
+// into the ap_ctrl_hs register map of l2l_axil_ctrl and sets ap_start. A run is
 //   1. check pass: the K gradient contributions (all of `gr`, k*n elements
 //      of GDTYPE back to back) stream through l2l_eps_reduce in its block
 //      order -- for each block of BLOCK*LANES elements, contribution 0's
@@ -23,6 +23,15 @@
 // gets only its flag written: p, m, v and the copy stay as they were (the
 // contract's skip). n = 0 writes flag 1 and nothing else; k = 0 or k > 255
 // writes flag 0 and nothing else.
+//
+// The optimizer is a build-time parameter, so each bitstream carries one
+// datapath: OPTIMIZER = 0 is AdamW (l2l_eps_adamw, state p, m, v), 1 is Lion
+// (l2l_eps_lion, state p, m). A Lion kernel has the same register map -- v's
+// address word at 0x28 stays and is ignored, and Lion's seven scalars
+// (LionScalars order) take the words from 0x4C on: decay .. omb2 where AdamW
+// has them, neg_lr at 0x60, inv_scale at 0x64 (0x68, 0x6C ignored) -- and the
+// same ports, m_axi_v tied off (no request is ever made on it). With
+// OPTIMIZER = 0 the logic is the AdamW kernel's as it was.
 //
 // Memory errors: every read and write response on the five masters is
 // watched. One that is SLVERR or DECERR sets the status register's
@@ -63,6 +72,7 @@ module l2l_eps_kernel #(
     parameter LANES   = 16,   // elements per beat, a power of two, 1 .. 16
     parameter GDTYPE  = 0,    // gradient dtype: 0 fp32, 1 bf16, 2 fp16
     parameter CDTYPE  = 0,    // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter OPTIMIZER = 0,  // the update: 0 AdamW (eps_update_<g>_<c>), 1 Lion (eps_lion_<g>_<c>)
     parameter BURST   = 64,   // beats per AXI burst at most (power of two, BURST * beat bytes <= 4096)
     parameter BLOCK   = 64,   // beats per reducer segment (the accumulator's size)
     parameter RD_FIFO = 256,  // read buffer per port in beats (power of two >= BURST)
@@ -198,13 +208,16 @@ module l2l_eps_kernel #(
     input  wire        m_axi_m_rvalid,
     output wire        m_axi_m_rready,
 
-    // m_axi_v: second moment, in place
+    // m_axi_v: second moment, in place (AdamW); tied off in a Lion kernel (OPTIMIZER = 1),
+    // whose inputs here then go unused (bit 1 of rresp and bresp aside: still watched for errors)
     output wire [0:0]  m_axi_v_awid,
     output wire [63:0] m_axi_v_awaddr,
     output wire [7:0]  m_axi_v_awlen,
     output wire [2:0]  m_axi_v_awsize,
     output wire [1:0]  m_axi_v_awburst,
     output wire        m_axi_v_awvalid,
+    // (the inputs of a Lion kernel's tied-off master: part of the port, not used)
+    /* verilator lint_off UNUSEDSIGNAL */
     input  wire        m_axi_v_awready,
     output wire [C_M_AXI_DATA_WIDTH-1:0]   m_axi_v_wdata,
     output wire [C_M_AXI_DATA_WIDTH/8-1:0] m_axi_v_wstrb,
@@ -227,6 +240,7 @@ module l2l_eps_kernel #(
     input  wire [1:0]  m_axi_v_rresp,
     input  wire        m_axi_v_rlast,
     input  wire        m_axi_v_rvalid,
+    /* verilator lint_on UNUSEDSIGNAL */
     output wire        m_axi_v_rready,
 
     // m_axi_copy: the device copy of p' (write only; read channels tied off)
@@ -287,15 +301,15 @@ module l2l_eps_kernel #(
 
     initial begin
         if (LANES < 1 || LANES > 16 || (LANES & (LANES - 1)) != 0 ||
-            GDTYPE < 0 || GDTYPE > 2 || CDTYPE < 0 || CDTYPE > 2 ||
+            GDTYPE < 0 || GDTYPE > 2 || CDTYPE < 0 || CDTYPE > 2 || OPTIMIZER < 0 || OPTIMIZER > 1 ||
             BURST < 1 || BURST > 256 || (BURST & (BURST - 1)) != 0 || BURST * BB > 4096 ||
             BLOCK < 1 || BLOCK > 65536 ||
             RD_FIFO < BURST || RD_FIFO < 2 || (RD_FIFO & (RD_FIFO - 1)) != 0 ||
             WR_FIFO < BURST || WR_FIFO < 2 || (WR_FIFO & (WR_FIFO - 1)) != 0 ||
             C_M_AXI_GR_DATA_WIDTH != GW * LANES || C_M_AXI_DATA_WIDTH != DW ||
             C_M_AXI_COPY_DATA_WIDTH != CW * LANES) begin
-            $error("l2l_eps_kernel: illegal parameters LANES=%0d GDTYPE=%0d CDTYPE=%0d BURST=%0d BLOCK=%0d RD_FIFO=%0d WR_FIFO=%0d (or a port width that does not follow them)",
-                   LANES, GDTYPE, CDTYPE, BURST, BLOCK, RD_FIFO, WR_FIFO);
+            $error("l2l_eps_kernel: illegal parameters LANES=%0d GDTYPE=%0d CDTYPE=%0d OPTIMIZER=%0d BURST=%0d BLOCK=%0d RD_FIFO=%0d WR_FIFO=%0d (or a port width that does not follow them)",
+                   LANES, GDTYPE, CDTYPE, OPTIMIZER, BURST, BLOCK, RD_FIFO, WR_FIFO);
             $finish;
         end
     end
@@ -349,11 +363,19 @@ module l2l_eps_kernel #(
     reg  [2:0]  state;
 
     // arguments, latched when the run starts (ap_ready: the host may write the next ones)
-    reg  [63:0] r_gr, r_p, r_m, r_v, r_copy, r_finite;
+    reg  [63:0] r_gr, r_p, r_m, r_copy, r_finite;
     reg  [31:0] r_n;
     reg  [7:0]  r_k;
     reg  [31:0] r_n_decay;
-    reg  [31:0] r_decay, r_b1, r_omb1, r_b2, r_omb2, r_inv_bc2_sqrt, r_eps, r_neg_step, r_inv_scale;
+    // the scalar words by their AdamW names; a Lion kernel reads decay .. omb2 as they are, its
+    // neg_lr from the inv_bc2_sqrt word (0x60) and its inv_scale from the eps word (0x64, latched
+    // into r_inv_scale)
+    reg  [31:0] r_decay, r_b1, r_omb1, r_b2, r_omb2, r_inv_bc2_sqrt, r_inv_scale;
+    // v's address and AdamW's eps and neg_step words: a Lion kernel (OPTIMIZER = 1) does not read them
+    /* verilator lint_off UNUSEDSIGNAL */
+    reg  [63:0] r_v;
+    reg  [31:0] r_eps, r_neg_step;
+    /* verilator lint_on UNUSEDSIGNAL */
 
     assign ap_ready = (state == S_IDLE) && ap_start;
     assign ap_idle  = (state == S_IDLE);
@@ -419,10 +441,11 @@ module l2l_eps_kernel #(
         .m_axi_rresp(m_axi_gr_rresp), .m_axi_rlast(m_axi_gr_rlast), .m_axi_rvalid(m_axi_gr_rvalid),
         .m_axi_rready(m_axi_gr_rready));
 
-    // p, m, v: one command of n elements each per update pass
+    // p, m, v: one command of n elements each per update pass (v's engine is AdamW's, in the
+    // optimizer's block below)
     reg                 rd_cmd_p, rd_cmd_m, rd_cmd_v;     // command pending
     wire                rd_rdy_p, rd_rdy_m, rd_rdy_v;
-    wire [DW-1:0]       p_tdata, m_tdata, v_tdata;
+    wire [DW-1:0]       p_tdata, m_tdata;
     wire                p_tlast;
     wire                p_tvalid, m_tvalid, v_tvalid;
     wire                join_fire;
@@ -448,17 +471,6 @@ module l2l_eps_kernel #(
         .m_axi_arready(m_axi_m_arready), .m_axi_rid(m_axi_m_rid), .m_axi_rdata(m_axi_m_rdata),
         .m_axi_rresp(m_axi_m_rresp), .m_axi_rlast(m_axi_m_rlast), .m_axi_rvalid(m_axi_m_rvalid),
         .m_axi_rready(m_axi_m_rready));
-
-    l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_v (
-        .clk(ap_clk), .rst(rst),
-        .cmd_valid(rd_cmd_v), .cmd_ready(rd_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
-        .m_axis_tdata(v_tdata), .m_axis_tkeep(), .m_axis_tlast(),
-        .m_axis_tvalid(v_tvalid), .m_axis_tready(join_fire), .idle(),
-        .m_axi_arid(m_axi_v_arid), .m_axi_araddr(m_axi_v_araddr), .m_axi_arlen(m_axi_v_arlen),
-        .m_axi_arsize(m_axi_v_arsize), .m_axi_arburst(m_axi_v_arburst), .m_axi_arvalid(m_axi_v_arvalid),
-        .m_axi_arready(m_axi_v_arready), .m_axi_rid(m_axi_v_rid), .m_axi_rdata(m_axi_v_rdata),
-        .m_axi_rresp(m_axi_v_rresp), .m_axi_rlast(m_axi_v_rlast), .m_axi_rvalid(m_axi_v_rvalid),
-        .m_axi_rready(m_axi_v_rready));
     /* verilator lint_on PINCONNECTEMPTY */
 
     // ------------------------------------------------------------ reducer
@@ -506,8 +518,8 @@ module l2l_eps_kernel #(
         end
     endgenerate
 
-    // ------------------------------------------------------------ AdamW
-    wire [DW-1:0]       pn, mn, vn;
+    // ------------------------------------------------------------ AdamW or Lion: the joined beat
+    wire [DW-1:0]       pn, mn;
     wire [CW*LANES-1:0] cn;
     wire [LANES-1:0]    ad_keep;
     wire                ad_valid;
@@ -516,27 +528,106 @@ module l2l_eps_kernel #(
     wire                out_fire = ad_valid && all_out;
 
     // operand isolation: during the check pass the reducer's output does not toggle the
-    // AdamW datapath (dynamic power; it is not sampled there anyway)
+    // datapath (dynamic power; it is not sampled there anyway)
     wire [DW-1:0] g_iso = (state == S_UPDATE) ? g_tdata : {DW{1'b0}};
 
-    // tlast and latency left open (see the read engines above)
-    /* verilator lint_off PINCONNECTEMPTY */
-    l2l_eps_adamw #(.LANES(LANES), .CDTYPE(CDTYPE)) u_adamw (
-        .clk(ap_clk), .rst(rst),
-        .decay(r_decay), .b1(r_b1), .omb1(r_omb1), .b2(r_b2), .omb2(r_omb2),
-        .inv_bc2_sqrt(r_inv_bc2_sqrt), .eps(r_eps), .neg_step(r_neg_step),
-        .s_axis_g(g_iso), .s_axis_p(p_tdata), .s_axis_m(m_tdata), .s_axis_v(v_tdata),
-        .s_axis_tkeep(g_tkeep), .s_axis_decay(dmask), .s_axis_tlast(p_tlast),
-        .s_axis_tvalid((state == S_UPDATE) && all_in), .s_axis_tready(ad_ready),
-        .m_axis_p(pn), .m_axis_m(mn), .m_axis_v(vn), .m_axis_c(cn),
-        .m_axis_tkeep(ad_keep), .m_axis_tlast(),
-        .m_axis_tvalid(ad_valid), .m_axis_tready(all_out), .latency());
-    /* verilator lint_on PINCONNECTEMPTY */
-
-    // ------------------------------------------------------------ write engines
+    // ------------------------------------------------------------ the optimizer's datapath
+    // and v's engines: AdamW's (OPTIMIZER = 0, the kernel as it was) or Lion's, with v tied off
     reg  wr_cmd_p, wr_cmd_m, wr_cmd_v, wr_cmd_c;                   // command pending
     wire wc_rdy_p, wc_rdy_m, wc_rdy_v, wc_rdy_c;
     wire wr_idle_p, wr_idle_m, wr_idle_v, wr_idle_c;
+
+    generate
+        if (OPTIMIZER == 0) begin : g_adamw
+            wire [DW-1:0] v_tdata, vn;
+
+            // idle, tkeep and tlast left open (see the read engines above)
+            /* verilator lint_off PINCONNECTEMPTY */
+            l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_v (
+                .clk(ap_clk), .rst(rst),
+                .cmd_valid(rd_cmd_v), .cmd_ready(rd_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
+                .m_axis_tdata(v_tdata), .m_axis_tkeep(), .m_axis_tlast(),
+                .m_axis_tvalid(v_tvalid), .m_axis_tready(join_fire), .idle(),
+                .m_axi_arid(m_axi_v_arid), .m_axi_araddr(m_axi_v_araddr), .m_axi_arlen(m_axi_v_arlen),
+                .m_axi_arsize(m_axi_v_arsize), .m_axi_arburst(m_axi_v_arburst), .m_axi_arvalid(m_axi_v_arvalid),
+                .m_axi_arready(m_axi_v_arready), .m_axi_rid(m_axi_v_rid), .m_axi_rdata(m_axi_v_rdata),
+                .m_axi_rresp(m_axi_v_rresp), .m_axi_rlast(m_axi_v_rlast), .m_axi_rvalid(m_axi_v_rvalid),
+                .m_axi_rready(m_axi_v_rready));
+            /* verilator lint_on PINCONNECTEMPTY */
+
+            // tlast and latency left open (see the read engines above)
+            /* verilator lint_off PINCONNECTEMPTY */
+            l2l_eps_adamw #(.LANES(LANES), .CDTYPE(CDTYPE)) u_adamw (
+                .clk(ap_clk), .rst(rst),
+                .decay(r_decay), .b1(r_b1), .omb1(r_omb1), .b2(r_b2), .omb2(r_omb2),
+                .inv_bc2_sqrt(r_inv_bc2_sqrt), .eps(r_eps), .neg_step(r_neg_step),
+                .s_axis_g(g_iso), .s_axis_p(p_tdata), .s_axis_m(m_tdata), .s_axis_v(v_tdata),
+                .s_axis_tkeep(g_tkeep), .s_axis_decay(dmask), .s_axis_tlast(p_tlast),
+                .s_axis_tvalid((state == S_UPDATE) && all_in), .s_axis_tready(ad_ready),
+                .m_axis_p(pn), .m_axis_m(mn), .m_axis_v(vn), .m_axis_c(cn),
+                .m_axis_tkeep(ad_keep), .m_axis_tlast(),
+                .m_axis_tvalid(ad_valid), .m_axis_tready(all_out), .latency());
+            /* verilator lint_on PINCONNECTEMPTY */
+
+            l2l_axi_wr #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_v (
+                .clk(ap_clk), .rst(rst),
+                .cmd_valid(wr_cmd_v), .cmd_ready(wc_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
+                .s_axis_tdata(vn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(out_fire), .s_axis_tready(wr_rdy_v),
+                .idle(wr_idle_v),
+                .m_axi_awid(m_axi_v_awid), .m_axi_awaddr(m_axi_v_awaddr), .m_axi_awlen(m_axi_v_awlen),
+                .m_axi_awsize(m_axi_v_awsize), .m_axi_awburst(m_axi_v_awburst), .m_axi_awvalid(m_axi_v_awvalid),
+                .m_axi_awready(m_axi_v_awready), .m_axi_wdata(m_axi_v_wdata), .m_axi_wstrb(m_axi_v_wstrb),
+                .m_axi_wlast(m_axi_v_wlast), .m_axi_wvalid(m_axi_v_wvalid), .m_axi_wready(m_axi_v_wready),
+                .m_axi_bid(m_axi_v_bid), .m_axi_bresp(m_axi_v_bresp), .m_axi_bvalid(m_axi_v_bvalid),
+                .m_axi_bready(m_axi_v_bready));
+        end else begin : g_lion
+            // Lion's scalars are the words from 0x4C in LionScalars order: decay, b1, omb1, b2,
+            // omb2 in AdamW's words, neg_lr in AdamW's inv_bc2_sqrt word (0x60), inv_scale in its
+            // eps word (0x64; r_inv_scale, the reducer's)
+            // tlast and latency left open (see the read engines above)
+            /* verilator lint_off PINCONNECTEMPTY */
+            l2l_eps_lion #(.LANES(LANES), .CDTYPE(CDTYPE)) u_lion (
+                .clk(ap_clk), .rst(rst),
+                .decay(r_decay), .b1(r_b1), .omb1(r_omb1), .b2(r_b2), .omb2(r_omb2),
+                .neg_lr(r_inv_bc2_sqrt),
+                .s_axis_g(g_iso), .s_axis_p(p_tdata), .s_axis_m(m_tdata),
+                .s_axis_tkeep(g_tkeep), .s_axis_decay(dmask), .s_axis_tlast(p_tlast),
+                .s_axis_tvalid((state == S_UPDATE) && all_in), .s_axis_tready(ad_ready),
+                .m_axis_p(pn), .m_axis_m(mn), .m_axis_c(cn),
+                .m_axis_tkeep(ad_keep), .m_axis_tlast(),
+                .m_axis_tvalid(ad_valid), .m_axis_tready(all_out), .latency());
+            /* verilator lint_on PINCONNECTEMPTY */
+
+            // no v: its stream is always there and always taken, its commands taken at once, its
+            // master never asks (a response would still be watched for errors above)
+            assign v_tvalid  = 1'b1;
+            assign rd_rdy_v  = 1'b1;
+            assign wc_rdy_v  = 1'b1;
+            assign wr_rdy_v  = 1'b1;
+            assign wr_idle_v = 1'b1;
+            assign m_axi_v_awid    = 1'b0;
+            assign m_axi_v_awaddr  = 64'd0;
+            assign m_axi_v_awlen   = 8'd0;
+            assign m_axi_v_awsize  = 3'd0;
+            assign m_axi_v_awburst = 2'b01;
+            assign m_axi_v_awvalid = 1'b0;
+            assign m_axi_v_wdata   = {C_M_AXI_DATA_WIDTH{1'b0}};
+            assign m_axi_v_wstrb   = {(C_M_AXI_DATA_WIDTH / 8){1'b0}};
+            assign m_axi_v_wlast   = 1'b0;
+            assign m_axi_v_wvalid  = 1'b0;
+            assign m_axi_v_bready  = 1'b1;
+            assign m_axi_v_arid    = 1'b0;
+            assign m_axi_v_araddr  = 64'd0;
+            assign m_axi_v_arlen   = 8'd0;
+            assign m_axi_v_arsize  = 3'd0;
+            assign m_axi_v_arburst = 2'b01;
+            assign m_axi_v_arvalid = 1'b0;
+            assign m_axi_v_rready  = 1'b1;
+        end
+    endgenerate
+
+    // ------------------------------------------------------------ write engines
+    // (v's is AdamW's, in the optimizer's block above)
 
     // the flag write shares m_axi_p's write channels with the p write engine (never at once)
     wire        flag_phase = (state == S_FLAG);
@@ -591,18 +682,6 @@ module l2l_eps_kernel #(
         .m_axi_wlast(m_axi_m_wlast), .m_axi_wvalid(m_axi_m_wvalid), .m_axi_wready(m_axi_m_wready),
         .m_axi_bid(m_axi_m_bid), .m_axi_bresp(m_axi_m_bresp), .m_axi_bvalid(m_axi_m_bvalid),
         .m_axi_bready(m_axi_m_bready));
-
-    l2l_axi_wr #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_v (
-        .clk(ap_clk), .rst(rst),
-        .cmd_valid(wr_cmd_v), .cmd_ready(wc_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
-        .s_axis_tdata(vn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(out_fire), .s_axis_tready(wr_rdy_v),
-        .idle(wr_idle_v),
-        .m_axi_awid(m_axi_v_awid), .m_axi_awaddr(m_axi_v_awaddr), .m_axi_awlen(m_axi_v_awlen),
-        .m_axi_awsize(m_axi_v_awsize), .m_axi_awburst(m_axi_v_awburst), .m_axi_awvalid(m_axi_v_awvalid),
-        .m_axi_awready(m_axi_v_awready), .m_axi_wdata(m_axi_v_wdata), .m_axi_wstrb(m_axi_v_wstrb),
-        .m_axi_wlast(m_axi_v_wlast), .m_axi_wvalid(m_axi_v_wvalid), .m_axi_wready(m_axi_v_wready),
-        .m_axi_bid(m_axi_v_bid), .m_axi_bresp(m_axi_v_bresp), .m_axi_bvalid(m_axi_v_bvalid),
-        .m_axi_bready(m_axi_v_bready));
 
     // the copy port has the copy's element width: its bursts carry BURST beats of CW*LANES bits
     l2l_axi_wr #(.LANES(LANES), .EW(CW), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_c (
@@ -686,7 +765,7 @@ module l2l_eps_kernel #(
                     r_n    <= a_n;    r_k <= a_k[7:0];    r_n_decay <= a_n_decay;
                     r_decay <= a_decay; r_b1 <= a_b1; r_omb1 <= a_omb1; r_b2 <= a_b2; r_omb2 <= a_omb2;
                     r_inv_bc2_sqrt <= a_inv_bc2_sqrt; r_eps <= a_eps; r_neg_step <= a_neg_step;
-                    r_inv_scale <= a_inv_scale;
+                    r_inv_scale <= (OPTIMIZER == 1) ? a_eps : a_inv_scale;   // 0x64 (Lion) or 0x6C
                     chk_left <= (a_n >> clog2(LANES)) + ((a_n & (LANES - 1)) != 0);
                     if (k_ok && a_n != 0) begin
                         flag_clear <= 1'b1;

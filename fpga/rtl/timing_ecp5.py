@@ -30,8 +30,9 @@ in the `test` extra), looked up next to this Python interpreter, then on
 PATH. Their first run compiles the WebAssembly (about a minute) and caches
 it in ~/.cache/YoWASP. On this project's shared 2-core machine the units
 take a minute or so each (the conversions and references seconds); the AdamW
-datapath (about 14k LUT4) takes nextpnr most of half an hour: leave it out
-(name the other units) for a quick look.
+datapath (about 14k LUT4) takes nextpnr most of half an hour, the Lion
+datapath (``lion``, about 7k) about six minutes: leave them out (name the
+other units) for a quick look.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ UNITS = [
     Unit("cvt_fp32_to_bf16", "l2l_cvt_fp32_to_bf16"),
     Unit("cvt_fp32_to_fp16", "l2l_cvt_fp32_to_fp16"),
     Unit("adamw", "l2l_eps_adamw", {"LANES": 1, "CDTYPE": 0}),
+    Unit("lion", "l2l_eps_lion", {"LANES": 1, "CDTYPE": 0}),
 ]
 BY_KEY = {u.key: u for u in UNITS}
 
