@@ -39,7 +39,7 @@ def test_bench_eps_times_lion_with_its_own_bytes(tmp_path):
     r = run_cli("bench", "eps", "--optimizer", "lion", "--numel", "4096", "--repeats", "1", "--warmup", "1",
                 "--no-deepspeed", "--threads", "1", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
-    result = json.loads((tmp_path / "bench_eps.json").read_text())
+    result = json.loads((tmp_path / "bench_eps_lion.json").read_text())
     rows = {x["method"]: x for x in result["rows"]}
     assert result["minimum_bytes_per_elem"] == 4 + 16 + 4
     assert rows["numpy"]["status"] == "ok" and rows["numpy"]["bytes_per_elem"] == 4 + 4 + 16 + 4

@@ -763,5 +763,6 @@ def run_eps_bench_result(argv: list[str]) -> dict:
         raise UserError(f"--threads: counts must be at least 1 (got {' '.join(map(str, args.threads))})")
     args.threads = sorted(set(args.threads or (1, available_cpus())))
     result = run(args)
-    save_results(args.out, "bench_eps", result, markdown(result))
+    name = "bench_eps" if args.optimizer == "adamw" else f"bench_eps_{args.optimizer}"  # each its own file
+    save_results(args.out, name, result, markdown(result))
     return result
