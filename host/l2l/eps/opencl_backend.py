@@ -69,10 +69,9 @@ BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
                "lamb_step": {"p": 0, "m": 1, "v": 2, "copy": 3, "seg": 4, "steps": 5, "finite": 6},
                "copy": {"p": 0, "copy": 1}}
 STATE_ARGS = ("p", "m", "v")  # a layer's state buffers, by their fpga/ARGS.md names (Lion's: p, m)
-# Each one-pass optimizer's update kernels, eps_<family>_<g>_<c>, and their scalar arguments in order
+# Each one-pass optimizer's update kernels, eps_<family>_<g>_<c> (LAMB's two: OpenCLBackend._lamb), and
+# the scalar arguments of each optimizer in order
 UPDATE_FAMILY = {"adamw": "update", "lion": "lion"}
-# LAMB's two passes: eps_lamb_norms_<g>, the host's fold, eps_lamb_step_<c>
-LAMB_FAMILIES = ("lamb_norms", "lamb_step")
 _SCALAR_NAMES = {cls: cls.names() for cls in (StepScalars, LionScalars, LambScalars)}
 _KINDS = ("f32", "bf16", "f16")
 PROBE_N = 4 * 16 + 3  # elements of the zero-copy probe: whole vectors of either width and a tail
