@@ -50,6 +50,28 @@ def test_bench_eps_times_lion_with_its_own_bytes(tmp_path):
     assert rows["deepspeed-cpu-lion"]["status"] == "skipped"
 
 
+def test_bench_eps_times_lamb_on_every_backend(tmp_path):
+    """``--optimizer lamb``: every EPS backend available here runs it (none says "unavailable"),
+    OpenCL and the HLS C-simulation with their two passes' bytes: the check and the norm pass
+    read the gradients, the norm pass p, m, v in and m, v out, the step pass p, m, v in and p
+    and the copy out (2·4 + 36 + 4); the torch row says torch has no LAMB."""
+    from l2l.eps import BACKENDS
+    r = run_cli("bench", "eps", "--optimizer", "lamb", "--numel", "70000", "--repeats", "1", "--warmup", "1",
+                "--no-deepspeed", "--threads", "1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "bench_eps_lamb.json").read_text())
+    rows = {x["method"]: x for x in result["rows"]}
+    assert result["minimum_bytes_per_elem"] == 4 + 36 + 4
+    for name, cls in BACKENDS.items():
+        if cls.availability()[0]:
+            assert "lamb" in cls.optimizers and rows[name]["status"] == "ok", rows[name]
+    for name in ("opencl", "hls-csim"):
+        if rows[name]["status"] == "ok":
+            assert rows[name]["bytes_per_elem"] == 2 * 4 + 36 + 4, rows[name]
+    assert rows["opencl"]["status"] == "ok" or not BACKENDS["opencl"].availability()[0]
+    assert rows["torch-fused"]["status"].startswith("none"), rows["torch-fused"]
+
+
 def test_bench_eps_mixed_dtypes_and_contributions(tmp_path):
     argv = ["--numel", "1000", "-k", "3", "--grad-dtype", "bf16", "--copy-dtype", "fp16", "--threads", "1",
             "--repeats", "1", "--warmup", "0", "--no-deepspeed", "--out", str(tmp_path)]

@@ -95,21 +95,25 @@ def test_eps_threads_sets_the_cpu_eps_threads(tmp_path):
 
 
 def test_auto_takes_opencl_for_lion_and_numpy_for_an_optimizer_opencl_does_not_run(monkeypatch):
-    """The OpenCL EPS runs Lion (eps_lion_*): auto takes it for --optimizer lion as for AdamW.
-    For an optimizer it did not run, auto would leave it for the NumPy EPS and say why."""
+    """The OpenCL EPS runs Lion (eps_lion_*) and LAMB (eps_lamb_*): auto takes it for
+    --optimizer lion and lamb as for AdamW. For an optimizer it did not run, auto would leave
+    it for the NumPy EPS and say why."""
     if eps_choice.cpu_device()[0] is None:
         pytest.skip("no OpenCL CPU device here")
-    for optimizer in ("adamw", "lion"):
+    for optimizer in ("adamw", "lion", "lamb"):
         chosen = eps_choice.choose("auto", optimizer=optimizer)
         assert chosen.name == "opencl", (optimizer, chosen)
     monkeypatch.setattr(opencl_backend.OpenCLBackend, "optimizers", frozenset({"adamw"}))
     chosen = eps_choice.choose("auto", optimizer="lion")
     assert chosen.name == "numpy" and "the OpenCL EPS does not run lion" in chosen.why, chosen
+    chosen = eps_choice.choose("auto", optimizer="lamb")
+    assert chosen.name == "numpy" and "the OpenCL EPS does not run lamb" in chosen.why, chosen
     assert eps_choice.choose("auto", optimizer="adamw").name == "opencl"
 
 
-def test_train_lion_under_auto_runs_on_opencl(tmp_path):
-    r = run_cli("train", *TINY, "--optimizer", "lion", "--out", str(tmp_path / "run"))
+@pytest.mark.parametrize("optimizer", ["lion", "lamb"])
+def test_train_under_auto_runs_on_opencl(tmp_path, optimizer):
+    r = run_cli("train", *TINY, "--optimizer", optimizer, "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     eps = _summary(tmp_path / "run")["eps"]
     assert eps["asked"] == "auto" and eps["backend"] == "opencl", eps

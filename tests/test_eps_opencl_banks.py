@@ -21,7 +21,8 @@ import pytest
 
 from l2l.eps import OptimizerHyper, EagerParamServer, LionScalars, NumpyBackend, OpenCLBackend, StepScalars
 from l2l.eps import opencl_backend
-from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from l2l.eps.contract import LambScalars
+from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES, as_step
 
 from eps_twin import DTYPES, assert_same  # tests/ is on sys.path under pytest
 from test_kernel_interface import _params
@@ -29,16 +30,20 @@ from test_kernel_interface import _params
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 # The role of each buffer argument, by kernel family and index (fpga/ARGS.md): a role has
-# one bank in hls/u280.cfg. eps_check's g and eps_update's (and eps_lion's) gr are one role,
-# the gradients.
+# one bank in hls/u280.cfg. eps_check's g and eps_update's (and eps_lion's, eps_lamb_norms')
+# gr are one role, the gradients. LAMB's seg, sums and steps are roles of their own.
 ROLES = {"check": ("grads", "finite"),
          "update": ("grads", "p", "m", "v", "copy", "finite"),
          "lion": ("grads", "p", "m", "copy", "finite"),
+         "lamb_norms": ("grads", "p", "m", "v", "seg", "sums", "finite"),
+         "lamb_step": ("p", "m", "v", "copy", "seg", "steps", "finite"),
          "copy": ("p", "copy")}
-ALL_ROLES = {"grads", "p", "m", "v", "copy", "finite"}
+ALL_ROLES = {"grads", "p", "m", "v", "copy", "finite", "seg", "sums", "steps"}
 ALL_KERNELS = ({f"eps_check_{g}" for g in ("f32", "bf16", "f16")}
                | {f"eps_update_{g}_{c}" for g, c in itertools.product(("f32", "bf16", "f16"), repeat=2)}
                | {f"eps_lion_{g}_{c}" for g, c in itertools.product(("f32", "bf16", "f16"), repeat=2)}
+               | {f"eps_lamb_norms_{g}" for g in ("f32", "bf16", "f16")}
+               | {f"eps_lamb_step_{c}" for c in ("f32", "bf16", "f16")}
                | {f"eps_copy_{c}" for c in ("f32", "bf16", "f16")})
 
 
@@ -98,7 +103,7 @@ class CallLog:
 
     def bound(self, kernel: str, index: int, arg) -> None:
         if id(arg) in self.index:
-            self.roles.setdefault(id(arg), set()).add(ROLES[kernel.split("_")[1]][index])
+            self.roles.setdefault(id(arg), set()).add(ROLES[opencl_backend.kernel_family(kernel)][index])
 
     # ------------------------------------------------ enqueued
     def _touch(self, call: str, *objects) -> None:
@@ -142,9 +147,9 @@ def log(monkeypatch):
     monkeypatch.setattr(opencl_backend, "_cl", lambda: logged)
     real_launch = OpenCLBackend._launch
 
-    def launch(self, name, n, *args, k=1):
+    def launch(self, name, n, *args, **kw):
         logged.mark_launch_args(*args)
-        return real_launch(self, name, n, *args, k=k)
+        return real_launch(self, name, n, *args, **kw)
 
     monkeypatch.setattr(OpenCLBackend, "_launch", launch)
     return logged
@@ -158,12 +163,13 @@ def _copy_out(n: int, cdtype: str, strided: bool) -> np.ndarray:
 
 
 def _drive_backend(be, ref, rng) -> None:
-    """Two AdamW layers and two Lion layers through every gradient and copy dtype, K = 1 and 2,
-    gradients as one block and as separate arrays, copies contiguous and strided; then a
-    checkpoint's round trip. ``ref`` (the NumPy golden model) takes the same calls: the bits
-    must not change."""
-    sizes = {0: 3001, 1: 40, 2: 2003, 3: 24}
+    """Two AdamW layers, two Lion layers and two LAMB layers (of several tensors) through every
+    gradient and copy dtype, K = 1 and 2, gradients as one block and as separate arrays, copies
+    contiguous and strided; then a checkpoint's round trip. ``ref`` (the NumPy golden model)
+    takes the same calls: the bits must not change."""
+    sizes = {0: 3001, 1: 40, 2: 2003, 3: 24, 4: 3001, 5: 40}
     lion = {2, 3}
+    lamb = {4: [0, 17, 1000], 5: [0, 5]}  # the LAMB layers' tensor starts
     for layer, n in sizes.items():
         p = rng.standard_normal(n).astype(np.float32)
         be.allocate(layer, p, 1 if layer in lion else 2)
@@ -180,11 +186,12 @@ def _drive_backend(be, ref, rng) -> None:
             t += 1
             adamw = StepScalars.compute(OptimizerHyper(), t, divisor=float(k))
             lion_s = LionScalars.compute(OptimizerHyper(optimizer="lion"), t, divisor=float(k))
+            lamb_s = LambScalars.compute(OptimizerHyper(optimizer="lamb"), t, divisor=float(k))
             for layer, n in sizes.items():
                 block = (rng.standard_normal((k, n)) * 1e-2).astype(GRAD_DTYPES[gdtype])
                 grads = list(block) if separate else block
                 a, b = _copy_out(n, cdtype, separate), _copy_out(n, cdtype, separate)
-                s = lion_s if layer in lion else adamw
+                s = lion_s if layer in lion else as_step(lamb_s, n, None, lamb[layer]) if layer in lamb else adamw
                 assert be.step(layer, grads, s, a) and ref.step(layer, grads, s, b)
                 assert_same(a, b, f"step {t}: {gdtype} -> {cdtype}, K={k}, separate={separate}")
     for layer in sizes:

@@ -1,5 +1,5 @@
 // l2l eager param-server (EPS) kernels: finite check, fused reduce + AdamW (or
-// Lion) + device copy, and copy alone.
+// Lion) + device copy, LAMB's two passes, and copy alone.
 //
 // Bit-exact with the NumPy golden model (host/l2l/eps/numerics.py) under the
 // contract docs/eps-numerics.md: every operation one binary32 op, round
@@ -9,8 +9,9 @@
 // for throughput only: OpenCL vector arithmetic is per-component IEEE.
 //
 // Argument order (fpga/ARGS.md; the same for the HLS and RTL kernels):
-// buffers first, then n and k (and n_decay for the updates), then the step
-// scalars in the contract's table order (Lion's: its own table).
+// buffers first, then n and k (and n_decay for the updates, nseg for LAMB's),
+// then the step scalars in the contract's table order (Lion's, LAMB's: their own
+// tables).
 //
 // Work split: vector j holds elements [VW j, VW j + VW) (VW below), and the
 // n % VW tail is done element by element. A kernel cuts its n / VW vectors
@@ -22,12 +23,13 @@
 // each a long sequential stream per array (short interleaved spans per
 // work-item: the check measured 20% slower); on a GPU, a work-item per
 // vector, adjacent items on adjacent vectors; on an FPGA, a single work-item
-// that walks everything, the shape of a kernel run as a task.
+// that walks everything, the shape of a kernel run as a task. (LAMB's norm
+// pass is the exception: its work-items own whole segments; see its section.)
 //
 // Dtypes: gradients G and device copy C are each f32 (float), bf16 (bfloat16
 // bits in ushort) or f16 (binary16 bits in ushort); kernels are instantiated
 // per combination and named eps_update_<G>_<C> (AdamW), eps_lion_<G>_<C> (Lion),
-// eps_check_<G>, eps_copy_<C>.
+// eps_lamb_norms_<G> and eps_lamb_step_<C> (LAMB), eps_check_<G>, eps_copy_<C>.
 
 #pragma OPENCL FP_CONTRACT OFF
 
@@ -399,6 +401,228 @@ __kernel void eps_lion_##G##_##C(                                               
 EPS_LION_ALL_COPIES(f32, float)
 EPS_LION_ALL_COPIES(bf16, ushort)
 EPS_LION_ALL_COPIES(f16, ushort)
+
+// ---------------------------------------------------------------- LAMB (two kernels)
+// docs/eps-numerics.md, "LAMB update". An update is eps_check_<G>, then
+//
+//   eps_lamb_norms_<G>  m', v' in place (p read only) and, per segment, SUM_LANES
+//                       binary32 partial sums of p*p and of u2*u2 into
+//                       sums[(s*2 + 0)*16 + j] and sums[(s*2 + 1)*16 + j];
+//   the host's fold of the sums into one step size per segment (binary64);
+//   eps_lamb_step_<C>   u2 again from p, m', v' (the same statements), p' = p + step*u2
+//                       and the device copy.
+//
+// seg (uint[nseg + 1]) holds the segments' bounds: segment s is [seg[s], seg[s+1]), at
+// most 65536 elements, never across a 65536 boundary. Both kernels do nothing when
+// *finite is 0.
+//
+// Lanes: lane j of a segment adds its elements j, j + 16, j + 32, ... counted from the
+// segment's own first element, in index order, from +0. The norm pass walks a segment in
+// rows of 16 elements from its first: with VW 16 one floatV accumulator is the 16 lanes,
+// with VW 8 two (lanes 0-7 and 8-15). A segment need not start on a vector boundary, so
+// its rows are loaded at element alignment (LOADF_AT: one unaligned vector load); the
+// last len % 16 elements are added lane by lane after the rows, in index order.
+//
+// Work split. Norm pass: a segment's sums cannot be split, so a work-item owns whole
+// segments: those that start in its chunk of the elements (the chunks as the other
+// kernels cut them, in elements); the last work-item also takes any starting past n.
+// Any launch shape gives the same bits. Step pass: no reduction, so the elements are cut
+// as eps_update cuts them (chunks of whole vectors, the n % VW tail to the last
+// work-item); a work-item finds the segment holding its first element by a binary search
+// of seg and walks on from there, in runs of one segment and one side of n_decay: each
+// run's whole vectors take the segment's step as a scalar, its unaligned ends go element
+// by element.
+//
+// Bytes per element: the norm pass reads the K contributions, p, m and v and writes m
+// and v (K|G| + 12 in, 8 out); the step pass reads p, m, v and writes p and the copy
+// (12 in, 4 + |C| out); with eps_check's K|G|: 2K|G| + 36 + |C|.
+
+#define SUM_LANES 16  /* numerics.LANES */
+
+// Loads and stores at an element offset (not a multiple of VW): one unaligned vector access.
+#define LOADF_AT(ptr, i) (*(__global const floatV_e *)((ptr) + (size_t)(i)))
+#define STOREF_AT(x, ptr, i) (*(__global floatV_e *)((ptr) + (size_t)(i)) = (x))
+inline floatV wideE_f32(__global const float *g, size_t i) { return LOADF_AT(g, i); }
+inline floatV wideE_bf16(__global const ushort *g, size_t i) {
+    return as_floatV(convert_uintV(*(__global const ushortV_e *)(g + i)) << 16);
+}
+inline floatV wideE_f16(__global const ushort *g, size_t i) { return vload_halfV(0, (__global const half *)(g + i)); }
+#define REDUCEE(G, g, i, n, k, acc)                                                    \
+    floatV acc = wideE_##G(g, i);                                                      \
+    for (uint c_ = 1; c_ < k; ++c_) acc = acc + wideE_##G(g + (size_t)c_ * n, i);
+
+// Segment s of seg as [lo, hi), kept inside [0, n] (the HLS kernels' segment_end/start):
+// a malformed seg (the host checks it first) cannot make a kernel reach past the layer.
+inline uint lamb_segment_end(__global const uint *seg, uint s, uint n) { return min(seg[s + 1], n); }
+inline uint lamb_segment_start(__global const uint *seg, uint s, uint hi) { return min(seg[s], hi); }
+// The first segment s < nseg with seg[s] >= x, or nseg (seg[0..nseg) is non-decreasing).
+inline uint lamb_first_from(__global const uint *seg, uint nseg, size_t x) {
+    uint lo = 0, hi = nseg;
+    while (lo < hi) {
+        const uint mid = lo + (hi - lo) / 2;
+        if ((size_t)seg[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// u, LAMB's update term before the weight decay, from m1 and v1: one rounded binary32
+// operation per statement, in the contract's order (both passes use these statements).
+#define LAMB_U(T)                                                                      \
+    const T sq = sqrt(v1);             /* sqrt(v') */                                  \
+    const T dd = (sq * inv_bc2_sqrt) + eps; /* d = (sqrt(v') * inv_bc2_sqrt) + eps */  \
+    const T u = (m1 / dd) * inv_bc1;   /* u = (m' / d) * inv_bc1 */
+// u2 from u: decayed (u + wd*p), not (u), or the lanes of a vector below n_decay decayed.
+#define U2_DECAYED (u + (wd * p0))
+#define U2_PLAIN (u)
+#define U2_LANES(dl) select(u, u + (wd * p0), LANES < (intV)(dl))
+
+// The norm pass on VW elements from element i, the part `h` of a row (lanes h*VW on):
+// their moments, and their squares added to accumulators accp##h, accu##h. U2 may use
+// `part_`, the first lane of this part in its row.
+#define LAMB_NORMS_V(G, i, h, U2)                                                      \
+    {                                                                                  \
+        const int part_ = (h) * VW;                                                    \
+        REDUCEE(G, gr, i, n, k, acc)                                                   \
+        const floatV g = acc * inv_scale;                                              \
+        const floatV p0 = LOADF_AT(p, i), m0 = LOADF_AT(m, i), v0 = LOADF_AT(v, i);    \
+        const floatV m1 = (b1 * m0) + (omb1 * g);                                      \
+        const floatV v1 = (b2 * v0) + (omb2 * (g * g));                                \
+        LAMB_U(floatV)                                                                 \
+        const floatV u2 = U2;                                                          \
+        accp##h = accp##h + (p0 * p0);                                                 \
+        accu##h = accu##h + (u2 * u2);                                                 \
+        STOREF_AT(m1, m, i); STOREF_AT(v1, v, i);                                      \
+        (void)part_;                                                                   \
+    }
+#if VW == 16
+#define LAMB_ROW(G, e, U2) LAMB_NORMS_V(G, e, 0, U2)
+#else
+#define LAMB_ROW(G, e, U2) { LAMB_NORMS_V(G, e, 0, U2) LAMB_NORMS_V(G, (e) + 8, 1, U2) }
+#endif
+
+#define EPS_LAMB_NORMS(G, GT)                                                          \
+__kernel void eps_lamb_norms_##G(                                                      \
+        __global const GT *gr, __global const float *p, __global float *m,             \
+        __global float *v, __global const uint *seg, __global float *sums,             \
+        __global const int *finite,                                                    \
+        const uint n, const uint k, const uint n_decay, const uint nseg,               \
+        const float b1, const float omb1, const float b2, const float omb2,            \
+        const float inv_bc2_sqrt, const float eps, const float inv_bc1,                \
+        const float wd, const float inv_scale) {                                       \
+    if (*finite == 0) return;                                                          \
+    const size_t items = get_global_size(0), me = get_global_id(0);                    \
+    const uint first = lamb_first_from(seg, nseg, chunk_start(n, me, items));          \
+    const uint last = me == items - 1 ? nseg : lamb_first_from(seg, nseg, chunk_start(n, me + 1, items)); \
+    for (uint s = first; s < last; ++s) {                                              \
+        const uint hi = lamb_segment_end(seg, s, n), lo = lamb_segment_start(seg, s, hi); \
+        const uint len = hi - lo, full = len / SUM_LANES;      /* whole rows */        \
+        const uint d = n_decay <= lo ? 0u : min(n_decay - lo, len); /* decayed elements */ \
+        const uint rd = min(d / SUM_LANES, full);              /* wholly decayed rows */ \
+        floatV accp0 = (floatV)0.0f, accu0 = (floatV)0.0f;     /* +0 */                \
+        floatV accp1 = (floatV)0.0f, accu1 = (floatV)0.0f;     /* lanes 8-15 (VW 8) */ \
+        uint r = 0;                                                                    \
+        for (; r < rd; ++r) LAMB_ROW(G, lo + SUM_LANES * r, U2_DECAYED)                \
+        if (r < full && d > SUM_LANES * r) {  /* the row across n_decay */             \
+            const int straddle = (int)(d - SUM_LANES * r);                             \
+            LAMB_ROW(G, lo + SUM_LANES * r, U2_LANES(straddle - part_))                \
+            ++r;                                                                       \
+        }                                                                              \
+        for (; r < full; ++r) LAMB_ROW(G, lo + SUM_LANES * r, U2_PLAIN)                \
+        float lp[SUM_LANES], lu[SUM_LANES];                                            \
+        VSTORE_LANES(lp, accp0, accp1);                                                \
+        VSTORE_LANES(lu, accu0, accu1);                                                \
+        for (uint i = lo + SUM_LANES * full, j = 0; i < hi; ++i, ++j) {  /* the tail, lane by lane */ \
+            REDUCE1(G, gr, i, n, k, acc)                                               \
+            const float g = acc * inv_scale;                                           \
+            const float p0 = p[i], m0 = m[i], v0 = v[i];                               \
+            const float m1 = (b1 * m0) + (omb1 * g);                                   \
+            const float v1 = (b2 * v0) + (omb2 * (g * g));                             \
+            LAMB_U(float)                                                              \
+            const float u2 = i < n_decay ? U2_DECAYED : U2_PLAIN;                      \
+            lp[j] = lp[j] + (p0 * p0);                                                 \
+            lu[j] = lu[j] + (u2 * u2);                                                 \
+            m[i] = m1; v[i] = v1;                                                      \
+        }                                                                              \
+        __global float *out = sums + (size_t)s * (2 * SUM_LANES);                      \
+        for (uint j = 0; j < SUM_LANES; ++j) { out[j] = lp[j]; out[SUM_LANES + j] = lu[j]; } \
+    }                                                                                  \
+}
+
+#if VW == 16
+#define VSTORE_LANES(arr, a0, a1) vstore16(a0, 0, arr)
+#else
+#define VSTORE_LANES(arr, a0, a1) do { vstore8(a0, 0, arr); vstore8(a1, 0, (arr) + 8); } while (0)
+#endif
+
+EPS_LAMB_NORMS(f32, float)
+EPS_LAMB_NORMS(bf16, ushort)
+EPS_LAMB_NORMS(f16, ushort)
+
+// The step pass on the whole vector at element i (a multiple of VW), and on element i.
+#define LAMB_STEP_V(C, i, U2)                                                          \
+    {                                                                                  \
+        const floatV p0 = LOADF_AT(p, i), m1 = LOADF_AT(m, i), v1 = LOADF_AT(v, i);    \
+        LAMB_U(floatV)                                                                 \
+        const floatV u2 = U2;                                                          \
+        const floatV p2 = p0 + (step * u2);                                            \
+        STOREF_AT(p2, p, i);                                                           \
+        STOREV_COPY(C, copy, (i) / VW, p2, nt);                                        \
+    }
+#define LAMB_STEP_1(C, i)                                                              \
+    {                                                                                  \
+        const float p0 = p[i], m1 = m[i], v1 = v[i];                                   \
+        LAMB_U(float)                                                                  \
+        const float u2 = i < n_decay ? U2_DECAYED : U2_PLAIN;                          \
+        const float p2 = p0 + (step * u2);                                             \
+        p[i] = p2;                                                                     \
+        store1_##C(copy, i, p2);                                                       \
+    }
+// Elements [a, b) of one segment, all on one side of n_decay (U2): the ends element by
+// element, the whole vectors between them with the segment's step as a scalar.
+#define LAMB_STEP_RUN(C, a, b, U2)                                                     \
+    {                                                                                  \
+        size_t i = (a);                                                                \
+        for (; i < (b) && i % VW != 0; ++i) LAMB_STEP_1(C, i)                          \
+        for (; i + VW <= (b); i += VW) LAMB_STEP_V(C, i, U2)                           \
+        for (; i < (b); ++i) LAMB_STEP_1(C, i)                                         \
+    }
+
+#define EPS_LAMB_STEP(C, CT)                                                           \
+__kernel void eps_lamb_step_##C(                                                       \
+        __global float *p, __global const float *m, __global const float *v,           \
+        __global CT *copy, __global const uint *seg, __global const float *steps,      \
+        __global const int *finite,                                                    \
+        const uint n, const uint n_decay, const uint nseg,                             \
+        const float b1, const float omb1, const float b2, const float omb2,            \
+        const float inv_bc2_sqrt, const float eps, const float inv_bc1,                \
+        const float wd, const float inv_scale) {                                       \
+    if (*finite == 0) return;                                                          \
+    const size_t nv = n / VW, items = get_global_size(0), me = get_global_id(0);       \
+    const size_t e0 = VW * chunk_start(nv, me, items);                                 \
+    const size_t e1 = me == items - 1 ? (size_t)n : VW * chunk_start(nv, me + 1, items); \
+    const int nt = STREAMING(C, copy, p);                                              \
+    const uint from = lamb_first_from(seg, nseg, e0 + 1);  /* segments starting at or before e0 ... */ \
+    size_t pos = e0;                                                                   \
+    for (uint s = from == 0 ? 0 : from - 1; s < nseg && pos < e1; ++s) { /* ... the last of them on */ \
+        const uint hi = lamb_segment_end(seg, s, n), lo = lamb_segment_start(seg, s, hi); \
+        size_t a = max((size_t)lo, pos);                                               \
+        const size_t b = min((size_t)hi, e1);                                          \
+        if (a >= b) continue;                                                          \
+        const float step = steps[s];                                                   \
+        if (a < n_decay) {                                                             \
+            const size_t c = min(b, (size_t)n_decay);                                  \
+            LAMB_STEP_RUN(C, a, c, U2_DECAYED)                                         \
+            a = c;                                                                     \
+        }                                                                              \
+        if (a < b) LAMB_STEP_RUN(C, a, b, U2_PLAIN)                                    \
+        pos = b;                                                                       \
+    }                                                                                  \
+    FENCE_IF(nt);                                                                      \
+}
+
+EPS_LAMB_STEP(f32, float)
+EPS_LAMB_STEP(bf16, ushort)
+EPS_LAMB_STEP(f16, ushort)
 
 // ---------------------------------------------------------------- copy only
 // The device copy of the current master weights (after allocate or load).

@@ -161,6 +161,18 @@ def check_optimizer(backend: "EpsBackend", scalars, moments: int) -> None:
         raise ValueError(f"a {opt.name} step on a layer with {moments} moments")
 
 
+def lamb_bounds(step, n: int) -> np.ndarray:
+    """A LAMB step's segment bounds as kernels take them (``seg``): uint32[nseg + 1] from 0 to
+    ``n``, non-decreasing; ValueError before any kernel runs when they are not."""
+    bounds = np.asarray(step.segments.bounds)
+    if bounds.ndim != 1 or bounds.shape[0] < 2 or bounds[0] != 0 or bounds[-1] != n \
+            or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"LAMB segments {bounds.tolist()[:8]}... do not cover a layer of {n} elements")
+    if bounds.shape[0] - 1 != step.segments.count:
+        raise ValueError(f"LAMB segments: {bounds.shape[0]} bounds for {step.segments.count} segments")
+    return np.ascontiguousarray(bounds, dtype=np.uint32)  # every bound <= n < 2**32: exact
+
+
 def read_only(a: np.ndarray) -> np.ndarray:
     """A view of ``a`` that cannot be written through."""
     view = a.view()

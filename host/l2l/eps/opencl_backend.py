@@ -10,7 +10,11 @@ sum; ``eps_update_*`` (AdamW on ``p, m, v``) or ``eps_lion_*`` (Lion on ``p, m``
 sums them again, runs the optimizer in place and writes the device copy (doing
 nothing when the flag is clear); the copy is read back or,
 on a CPU device, mapped. All on one in-order queue, waited for once, with the
-flag reset behind the wait for the next step.
+flag reset behind the wait for the next step. LAMB (a
+:class:`~l2l.eps.contract.LambStep`) is two kernels with the host between them:
+``eps_lamb_norms_*`` (m', v' and each segment's 16-lane sums), a wait for the flag
+and the sums, the host's fold (``LambStep.steps``), then ``eps_lamb_step_*`` (p' and
+the copy).
 
 Platform and device: ``platform``/``device`` options or ``L2L_CL_PLATFORM`` /
 ``L2L_CL_DEVICE`` (an index or a case-insensitive substring of the name). Unnamed,
@@ -33,9 +37,10 @@ import numpy as np
 from .. import kernels
 from ..errors import UserError
 from ..hostmem import aligned_empty
-from .backend import EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, read_only
-from .contract import LionScalars, StepScalars, optimizer_of
-from .numerics import COPY_DTYPES
+from .backend import (EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, lamb_bounds,
+                      read_only)
+from .contract import LambScalars, LambStep, LionScalars, StepScalars, optimizer_of
+from .numerics import COPY_DTYPES, LANES
 from .threads import available_cpus
 
 KERNEL_SOURCE = kernels.source_path("opencl")  # fpga/opencl/eps.cl, or its installed copy (l2l.kernels)
@@ -53,17 +58,22 @@ MIN_CHUNK = 1024
 CHUNKS_PER_CU = 64
 WORK_GROUP = 256
 LAUNCHES = ("auto", "chunks", "vectors", "task")
-KERNEL_ARGS = {"check": 5, "update": 18, "lion": 15, "copy": 3}  # per fpga/ARGS.md (the updates: with n_decay)
+# per fpga/ARGS.md (the updates: with n_decay), by kernel family (kernel_family)
+KERNEL_ARGS = {"check": 5, "update": 18, "lion": 15, "lamb_norms": 20, "lamb_step": 19, "copy": 3}
 # The buffer arguments of each kernel family, by their fpga/ARGS.md names: the argument a
 # device buffer is bound to when it is made (OpenCLBackend._bind).
 BUFFER_ARGS = {"check": {"g": 0, "finite": 1},
                "update": {"gr": 0, "p": 1, "m": 2, "v": 3, "copy": 4, "finite": 5},
                "lion": {"gr": 0, "p": 1, "m": 2, "copy": 3, "finite": 4},
+               "lamb_norms": {"gr": 0, "p": 1, "m": 2, "v": 3, "seg": 4, "sums": 5, "finite": 6},
+               "lamb_step": {"p": 0, "m": 1, "v": 2, "copy": 3, "seg": 4, "steps": 5, "finite": 6},
                "copy": {"p": 0, "copy": 1}}
 STATE_ARGS = ("p", "m", "v")  # a layer's state buffers, by their fpga/ARGS.md names (Lion's: p, m)
-# Each optimizer's update kernels, eps_<family>_<g>_<c>, and their scalar arguments in order
+# Each one-pass optimizer's update kernels, eps_<family>_<g>_<c> (LAMB's two: OpenCLBackend._lamb), and
+# the scalar arguments of each optimizer in order
 UPDATE_FAMILY = {"adamw": "update", "lion": "lion"}
-_SCALAR_NAMES = {cls: cls.names() for cls in (StepScalars, LionScalars)}
+_SCALAR_NAMES = {cls: cls.names() for cls in (StepScalars, LionScalars, LambScalars)}
+_KINDS = ("f32", "bf16", "f16")
 PROBE_N = 4 * 16 + 3  # elements of the zero-copy probe: whole vectors of either width and a tail
 
 _PROBE = """
@@ -79,6 +89,18 @@ except cl.Error:
 """
 
 _SUFFIX = {COPY_DTYPES["fp32"]: "f32", COPY_DTYPES["bf16"]: "bf16", COPY_DTYPES["fp16"]: "f16"}
+
+
+def kernel_family(name: str) -> str | None:
+    """An EPS kernel's family, the key of KERNEL_ARGS and BUFFER_ARGS: its name without the
+    ``eps_`` prefix and the dtype suffixes (``eps_update_f32_bf16`` -> ``update``,
+    ``eps_lamb_norms_f16`` -> ``lamb_norms``); None for a name not ``eps_...``."""
+    if not name.startswith("eps_"):
+        return None
+    parts = name.split("_")[1:]
+    while len(parts) > 1 and parts[-1] in _KINDS:
+        parts.pop()
+    return "_".join(parts)
 
 
 def regions(kernel: str, k: int = 1) -> int:
@@ -209,7 +231,7 @@ def _with_threads(cl, dev, threads: int | None):
 
 class OpenCLBackend(EpsBackend):
     name = "opencl"
-    optimizers = frozenset({"adamw", "lion"})
+    optimizers = frozenset({"adamw", "lion", "lamb"})
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -285,6 +307,7 @@ class OpenCLBackend(EpsBackend):
         self._scratch: dict[str, object] = {}
         self._last_args: dict[str, tuple] = {}
         self._host_buffers: dict[tuple[int, int, str], object] = {}
+        self._segments: dict[int, tuple[np.ndarray, object]] = {}  # layer -> LAMB's seg bounds and their buffer
         # The layer's finite flag: 1 before every step, cleared by eps_check. It is reset at the
         # end of a step, so that the next one starts with its check, not with a write.
         self._flag = self._new_buffer(4, *self._home("finite"))
@@ -380,7 +403,7 @@ class OpenCLBackend(EpsBackend):
         binding decides a buffer's bank on XRT. None: no kernel of this program takes it."""
         if owner is None:
             return
-        index = BUFFER_ARGS[owner.split("_")[1]][arg]
+        index = BUFFER_ARGS[kernel_family(owner)][arg]
         self._kernel(owner).set_arg(index, buf)
         last = self._last_args.get(owner)
         if last is not None and index < len(last):  # what _launch believes is set must stay true
@@ -390,12 +413,12 @@ class OpenCLBackend(EpsBackend):
         """(kernel, argument) that places a buffer made before the kernel using it is known: a
         layer's p, m, v and the finite flag. An eps_update kernel where the program has one (the
         kernel whose streams matter; also the RTL kernel, which has no eps_check), else a
-        kernel of another family with that argument (eps_lion, eps_check, eps_copy). hls/u280.cfg
-        keeps an argument in one bank across all kernels, so any of them places the buffer for
-        every kernel using it."""
-        for family in ("update", "lion", "check", "copy"):
+        kernel of another family with that argument (eps_lion, LAMB's, eps_check, eps_copy).
+        hls/u280.cfg keeps an argument in one bank across all kernels, so any of them places
+        the buffer for every kernel using it."""
+        for family in ("update", "lion", "lamb_norms", "lamb_step", "check", "copy"):
             if arg in BUFFER_ARGS[family]:
-                names = sorted(n for n in self._kernels if n.startswith(f"eps_{family}_"))
+                names = sorted(n for n in self._kernels if kernel_family(n) == family)
                 if names:
                     return names[0], arg
         return None, arg
@@ -469,7 +492,7 @@ class OpenCLBackend(EpsBackend):
         where = f"--cl-binary {binary}" if binary else str(KERNEL_SOURCE)
         found = False
         for name, kernel in self._kernels.items():
-            family = name.split("_")[1] if name.startswith("eps_") else None
+            family = kernel_family(name)
             if family not in KERNEL_ARGS:
                 continue
             found = True
@@ -478,8 +501,8 @@ class OpenCLBackend(EpsBackend):
                 raise UserError(f"{where}: kernel {name} takes {nargs} arguments, expected "
                                 f"{KERNEL_ARGS[family]} (fpga/ARGS.md)")
         if not found:
-            raise UserError(f"{where}: no EPS kernels (eps_check_*, eps_update_*, eps_lion_*, eps_copy_*) "
-                            f"in the program")
+            raise UserError(f"{where}: no EPS kernels (eps_check_*, eps_update_*, eps_lion_*, eps_lamb_norms_*, "
+                            f"eps_lamb_step_*, eps_copy_*) in the program")
 
     def _kernel(self, name: str):
         try:
@@ -492,7 +515,7 @@ class OpenCLBackend(EpsBackend):
         info = self._cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE
         return tuple(kernel.get_work_group_info(info, self.device)) == (1, 1, 1)
 
-    def _launch(self, name: str, n: int, *args, k: int = 1):
+    def _launch(self, name: str, n: int, *args, k: int = 1, segments: int | None = None):
         """Run ``name`` over ``n`` elements as a task or an NDRange (``launch_shape``). Only the
         arguments that changed since its last launch are set: PoCL takes about 5 us per scalar
         argument, most of a small layer's step, and the hyperparameters rarely change."""
@@ -502,19 +525,21 @@ class OpenCLBackend(EpsBackend):
             if i >= len(last) or not _same_arg(arg, last[i]):
                 kernel.set_arg(i, arg)
         self._last_args[name] = args  # only once every argument is set
-        global_size, local_size = self.launch_shape(name, n, k)
+        global_size, local_size = self.launch_shape(name, n, k, segments)
         return self._cl.enqueue_nd_range_kernel(self.queue, kernel, (global_size,), (local_size,))
 
-    def launch_shape(self, name: str, n: int, k: int = 1) -> tuple[int, int]:
+    def launch_shape(self, name: str, n: int, k: int = 1, segments: int | None = None) -> tuple[int, int]:
         """(global, local) work size of kernel ``name`` over ``n`` elements and ``k`` gradient
-        contributions. The kernels cut their vectors into chunks by the global size, so any
-        shape gives the same bits."""
+        contributions (and, for LAMB's norm pass, ``segments`` segments: a work-item owns
+        whole ones, so on a CPU no more work-items than segments). The kernels cut their
+        vectors into chunks by the global size, so any shape gives the same bits."""
         shape = self._shape[name]
         if shape == "task":  # one work-item walks every vector
             return 1, 1
         vectors = n // self.vector_width // regions(name, k)
         if shape == "chunks":
-            return max(1, min(CHUNKS_PER_CU * self.device.max_compute_units, vectors // self._min_chunk)), 1
+            items = min(CHUNKS_PER_CU * self.device.max_compute_units, vectors // self._min_chunk)
+            return max(1, items if segments is None else min(items, segments)), 1
         group = min(WORK_GROUP, self.device.max_work_group_size)
         return -(-(vectors + 1) // group) * group, group
 
@@ -593,13 +618,14 @@ class OpenCLBackend(EpsBackend):
         self._host.pop(layer, None)
         self._numel.pop(layer, None)
         self._moments.pop(layer, None)
+        self._segments.pop(layer, None)
 
-    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars | LionScalars,
+    def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars | LionScalars | LambStep,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         """``eps_check_<g>``, then the update kernel of the scalars' optimizer: ``eps_update_<g>_<c>``
         (AdamW, state ``p, m, v``) or ``eps_lion_<g>_<c>`` (Lion, state ``p, m``), with its
         arguments in fpga/ARGS.md's order: the buffers, ``n, k, n_decay``, the scalars in their
-        field order."""
+        field order. LAMB (a :class:`LambStep`): :meth:`_lamb`'s two kernels."""
         cl = self._cl
         n = self._numel[layer]
         check_step(grads, copy_out, n, n_decay)  # before anything is enqueued: a refused step writes nothing
@@ -607,6 +633,9 @@ class OpenCLBackend(EpsBackend):
         if n == 0:
             return True
         g, c = _SUFFIX[np.dtype(grads[0].dtype)], _SUFFIX[copy_out.dtype]
+        if isinstance(scalars, LambStep):
+            return self._lamb(layer, grads, scalars, copy_out, g, c, n if n_decay is None else n_decay,
+                              lamb_bounds(scalars, n))
         update = f"eps_{UPDATE_FAMILY[optimizer_of(scalars).name]}_{g}_{c}"
         self._kernel(update)  # a program without it (a binary built before Lion) says so before any work
         gbuf, k = self._gradients_in(grads, update)
@@ -626,6 +655,59 @@ class OpenCLBackend(EpsBackend):
         if flag[0] and not target[1]:
             self._copy_back(target, copy_out)
         return bool(flag[0])
+
+    def _lamb(self, layer: int, grads, step: LambStep, copy_out: np.ndarray, g: str, c: str, n_decay: int,
+              seg: np.ndarray) -> bool:
+        """LAMB: ``eps_check_<g>``; ``eps_lamb_norms_<g>`` (m', v' and each segment's sums); a
+        wait for the flag and the sums; when finite, the host's fold ``step.steps(sums)``,
+        then ``eps_lamb_step_<c>`` (p' and the copy). ``seg``: the segments' bounds, checked."""
+        cl = self._cl
+        n, nseg = self._numel[layer], seg.shape[0] - 1
+        norms, apply = f"eps_lamb_norms_{g}", f"eps_lamb_step_{c}"
+        self._kernel(norms)  # a program without them (a binary built before LAMB) says so before any work
+        self._kernel(apply)
+        gbuf, k = self._gradients_in(grads, norms)
+        state = self._state[layer]
+        target = (state[0], True) if self._is_master(layer, copy_out) else self._copy_target(copy_out, apply)
+        seg_dev = self._segment_buffer(layer, seg, norms)
+        sums_dev = self._buffer("lamb.sums", nseg * 2 * LANES * 4, norms, "sums")
+        steps_dev = self._buffer("lamb.steps", nseg * 4, apply, "steps")
+        scalars = _scalars(step.scalars)
+        flag = np.zeros(1, np.int32)
+        sums = np.empty((nseg, 2, LANES), np.float32)
+        steps = None
+        try:
+            self._launch(f"eps_check_{g}", n, gbuf, self._flag, np.uint32(n), np.uint32(k), step.inv_scale, k=k)
+            self._launch(norms, n, gbuf, *state, seg_dev, sums_dev, self._flag, np.uint32(n), np.uint32(k),
+                         np.uint32(n_decay), np.uint32(nseg), *scalars, segments=nseg)
+            cl.enqueue_copy(self.queue, flag, self._flag, is_blocking=False)
+            cl.enqueue_copy(self.queue, sums, sums_dev, is_blocking=True)  # the step's first wait
+            if flag[0]:  # else nothing was written: no fold, no second pass
+                steps = np.ascontiguousarray(step.steps(sums), dtype=np.float32)
+                if steps.shape != (nseg,):
+                    raise RuntimeError(f"LAMB step sizes of shape {steps.shape}, expected ({nseg},)")
+                cl.enqueue_copy(self.queue, steps_dev, steps, is_blocking=False)  # steps lives past the wait below
+                self._launch(apply, n, *state, target[0], seg_dev, steps_dev, self._flag, np.uint32(n),
+                             np.uint32(n_decay), np.uint32(nseg), *scalars)
+                if target[1]:  # the copy is copy_out's own memory: a map (and unmap) hands it to the host
+                    self._map(target[0], copy_out.nbytes).base.release()
+        finally:
+            reset = cl.enqueue_copy(self.queue, self._flag, self._flag_reset, is_blocking=False)
+        reset.wait()  # the step's second wait
+        if flag[0] and not target[1]:
+            self._copy_back(target, copy_out)
+        return bool(flag[0])
+
+    def _segment_buffer(self, layer: int, seg: np.ndarray, owner: str):
+        """The device buffer of the layer's segment bounds (both LAMB kernels' ``seg``), made
+        bound to ``owner``'s and written once per layer, again only when the bounds change."""
+        cached = self._segments.get(layer)
+        if cached is not None and np.array_equal(cached[0], seg):
+            return cached[1]
+        buf = self._new_buffer(seg.nbytes, owner, "seg")
+        self._cl.enqueue_copy(self.queue, buf, seg, is_blocking=False)  # seg is kept with it: alive until copied
+        self._segments[layer] = (seg, buf)
+        return buf
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         n = self._numel[layer]
