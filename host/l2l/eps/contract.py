@@ -1,7 +1,7 @@
 """The host side of the EPS numerical contract (docs/eps-numerics.md).
 
 Hyper-parameters live here in float64; the step scalars (:class:`StepScalars` for AdamW,
-:class:`LionScalars` for Lion) are the binary32 values every backend (NumPy, OpenCL, HLS, RTL)
+:class:`LionScalars` for Lion, :class:`LambScalars` for LAMB) are the binary32 values every backend (NumPy, OpenCL, HLS, RTL)
 receives, computed once per layer update in float64 and rounded once. Their field order is
 the argument order shared by every kernel source (after the buffers and ``n``).
 :data:`OPTIMIZERS` declares each optimizer's state beside the master weights: what the
@@ -17,7 +17,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class OptimizerHyper:
-    """One optimizer and its hyper-parameters (``eps`` is AdamW's only)."""
+    """One optimizer and its hyper-parameters (``eps``: AdamW's and LAMB's)."""
     lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
@@ -126,12 +126,14 @@ class LambScalars(_Scalars):
     lr: float = 0.0        # binary64, for the host's step sizes (not a kernel argument)
     adapt: bool = True     # weight_decay != 0: the decayed tensors take their trust ratio (timm's rule)
 
+    _HOST_ONLY = ("lr", "adapt")  # the fold's, not the kernels'
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))[:9]
+        return tuple(f.name for f in fields(cls) if f.name not in cls._HOST_ONLY)
 
     def as_tuple(self) -> tuple[np.float32, ...]:
-        return astuple(self)[:9]
+        return tuple(getattr(self, name) for name in self.names())
 
     @classmethod
     def compute(cls, hyper: OptimizerHyper, t: int, loss_scale: float = 1.0,
