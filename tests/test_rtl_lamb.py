@@ -1,0 +1,56 @@
+"""The RTL EPS's LAMB first pass (fpga/rtl/l2l_eps_lamb_norms.v, l2l_eps_lamb_lane.v,
+l2l_eps_lamb_acc.v) bit for bit against the golden model ``l2l.eps.numerics.lamb_norms``,
+through cocotb (sim/tb_eps_lamb.py).
+
+- ``test_lamb_norms``: segments of 1, 15, 16, 17, 1000 and 37 elements (ragged tails),
+  one all-zero tensor, n_decay at 0, inside a segment, on a segment boundary, at n; a
+  zero weight decay; random input bubbles and backpressure on both outputs. m', v',
+  tlast and every segment's 2 x 16 lane sums.
+- ``test_lamb_norms_throughput``: one element per clock (one lost clock a segment) with
+  the outputs always ready.
+
+About half a minute of CPU in all (Icarus).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sim"))
+import rtl_runner  # noqa: E402
+
+from test_rtl_datapath import sources  # noqa: E402
+
+needs_sim = pytest.mark.skipif(rtl_runner.missing_simulator() is not None,
+                               reason=str(rtl_runner.missing_simulator()))
+
+# segments of 1, 15, 16, 17, 1000, 37 elements; elements [1, 16) all zero
+STARTS = [0, 1, 16, 32, 49, 1049]
+N = 1086
+CASES = [
+    {"starts": STARTS, "n": N, "n_decay": 49 + 517, "zero": [1, 16], "wd": 0.01},
+    {"starts": STARTS, "n": N, "n_decay": 32, "wd": 0.1, "t": 1, "scale": 1.0},
+    {"starts": [0, 17, 40], "n": 57, "n_decay": 0, "wd": 0.01},
+    {"starts": [0, 17, 40], "n": 57, "n_decay": 57, "wd": 0.0},
+    {"starts": [0, 5], "n": 21, "n_decay": 20, "wd": 0.5, "t": 100},
+    {"starts": [0, 3], "n": 40, "n_decay": 30, "scale": 22.0},   # squares and sums past binary32: inf
+]
+
+
+def run(config: dict, tests) -> None:
+    rtl_runner.run("l2l_eps_lamb_norms", sources("l2l_eps_lamb_norms"), "tb_eps_lamb",
+                   env={"L2L_TB_CONFIG": json.dumps(config)}, testcase=list(tests))
+
+
+@needs_sim
+def test_lamb_norms():
+    run({"cases": CASES, "seed": 5, "idle": 0.3, "backpressure": 0.3}, ["lamb_norms_vectors"])
+
+
+@needs_sim
+def test_lamb_norms_throughput():
+    run({"throughput": {"starts": [0, 1, 17, 33, 200], "n": 400}}, ["lamb_norms_throughput"])
