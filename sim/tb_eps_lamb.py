@@ -8,7 +8,7 @@ one per transfer with s_axis_first / s_axis_last from the case's segments
 
 tests/test_rtl_lamb.py runs this through sim/rtl_runner.py with the configuration as JSON in
 $L2L_TB_CONFIG: cases (a list of {starts, n, n_decay, wd, t, zero: [lo, hi] elements set to
-+0 in p, m, v, g, scale}), seed, idle / backpressure (probabilities of an input bubble / a
++0 in p, m, v, g, mzero: [lo, hi] elements with m = g = +0, scale}), seed, idle / backpressure (probabilities of an input bubble / a
 not-ready cycle on each output), and for ``lamb_norms_throughput`` its case.
 """
 from __future__ import annotations
@@ -46,6 +46,10 @@ def make_case(spec: dict, rng):
         lo, hi = spec["zero"]
         for a in (p, m, v, g):
             a[lo:hi] = 0.0
+    if "mzero" in spec:               # m' = 0 there: u2 is wd*p or 0, a decay boundary shows
+        lo, hi = spec["mzero"]
+        m[lo:hi] = 0.0
+        g[lo:hi] = 0.0
     hyper = OptimizerHyper(optimizer="lamb", lr=1e-3, weight_decay=float(spec.get("wd", 0.01)))
     s = LambScalars.compute(hyper, int(spec.get("t", 3)))
     return p, m, v, g, s

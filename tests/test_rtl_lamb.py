@@ -32,11 +32,11 @@ needs_sim = pytest.mark.skipif(rtl_runner.missing_simulator() is not None,
 STARTS = [0, 1, 16, 32, 49, 1049]
 N = 1086
 CASES = [
-    {"starts": STARTS, "n": N, "n_decay": 49 + 517, "zero": [1, 16], "wd": 0.01},
+    {"starts": STARTS, "n": N, "n_decay": 49 + 517, "zero": [1, 16], "mzero": [560, 572], "wd": 0.01},
     {"starts": STARTS, "n": N, "n_decay": 32, "wd": 0.1, "t": 1, "scale": 1.0},
     {"starts": [0, 17, 40], "n": 57, "n_decay": 0, "wd": 0.01},
     {"starts": [0, 17, 40], "n": 57, "n_decay": 57, "wd": 0.0},
-    {"starts": [0, 5], "n": 21, "n_decay": 20, "wd": 0.5, "t": 100},
+    {"starts": [0, 5], "n": 21, "n_decay": 20, "mzero": [0, 21], "wd": 0.5, "t": 100},
     {"starts": [0, 3], "n": 40, "n_decay": 30, "scale": 22.0},   # squares and sums past binary32: inf
 ]
 
