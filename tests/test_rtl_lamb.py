@@ -8,8 +8,12 @@ through cocotb (sim/tb_eps_lamb.py).
   tlast and every segment's 2 x 16 lane sums.
 - ``test_lamb_norms_throughput``: one element per clock (one lost clock a segment) with
   the outputs always ready.
+- ``test_lamb_apply``: LAMB's second pass (fpga/rtl/l2l_eps_lamb_apply.v,
+  sim/tb_eps_lamb_apply.py) against ``numerics.lamb_apply`` at LANES 1, 4, 3 with each copy
+  dtype: p' and the copy of every element, segment boundaries inside beats, the host fold's
+  step sizes and random ones (zeros of both signs, tiny, huge), decay boundaries.
 
-About half a minute of CPU in all (Icarus).
+About a minute of CPU in all (Icarus).
 """
 from __future__ import annotations
 
@@ -54,3 +58,28 @@ def test_lamb_norms():
 @needs_sim
 def test_lamb_norms_throughput():
     run({"throughput": {"starts": [0, 1, 17, 33, 200], "n": 400}}, ["lamb_norms_throughput"])
+
+
+APPLY = [
+    # lanes, cdtype
+    (1, "fp32"),
+    (4, "bf16"),
+    (3, "fp16"),
+]
+APPLY_CASES = [
+    {"starts": [0, 1, 16, 32, 49], "n": 300, "n_decay": 49 + 117, "zero": [1, 16], "mzero": [160, 172],
+     "wd": 0.01, "scale": 1.0},
+    {"starts": [0, 1, 16, 32, 49], "n": 300, "n_decay": 33, "wd": 0.1, "steps": "random"},
+    {"starts": [0, 17, 40], "n": 57, "n_decay": 0, "wd": 0.0, "scale": 0.5},
+    {"starts": [0, 5], "n": 21, "n_decay": 20, "mzero": [0, 21], "wd": 0.5, "t": 100},
+]
+
+
+@needs_sim
+@pytest.mark.parametrize("lanes,cdtype", APPLY, ids=[f"L{a}-{b}" for a, b in APPLY])
+def test_lamb_apply(lanes, cdtype):
+    config = {"lanes": lanes, "cdtype": cdtype, "cases": APPLY_CASES, "seed": 11 + lanes, "idle": 0.3,
+              "backpressure": 0.3, "last_every": 3}
+    rtl_runner.run("l2l_eps_lamb_apply", sources("l2l_eps_lamb_apply"), "tb_eps_lamb_apply",
+                   parameters={"LANES": lanes, "CDTYPE": {"fp32": 0, "bf16": 1, "fp16": 2}[cdtype]},
+                   env={"L2L_TB_CONFIG": json.dumps(config)}, testcase=["lamb_apply_vectors"])
