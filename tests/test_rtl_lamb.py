@@ -83,3 +83,12 @@ def test_lamb_apply(lanes, cdtype):
     rtl_runner.run("l2l_eps_lamb_apply", sources("l2l_eps_lamb_apply"), "tb_eps_lamb_apply",
                    parameters={"LANES": lanes, "CDTYPE": {"fp32": 0, "bf16": 1, "fp16": 2}[cdtype]},
                    env={"L2L_TB_CONFIG": json.dumps(config)}, testcase=["lamb_apply_vectors"])
+
+
+@pytest.mark.parametrize("params", [{"LANES": 4, "CDTYPE": 1}, {"LANES": 16, "CDTYPE": 2}, {"LANES": 3, "CDTYPE": 0}],
+                         ids=lambda p: f"L{p['LANES']}-C{p['CDTYPE']}")
+def test_lamb_apply_lint(params):
+    """Verilator -Wall on l2l_eps_lamb_apply at LANES / CDTYPE corners (test_rtl_lint.py lints
+    every module at its defaults only)."""
+    from test_rtl_lint import RTL, _check
+    _check("l2l_eps_lamb_apply", RTL / "l2l_eps_lamb_apply.v", params)
