@@ -41,7 +41,9 @@ CASES = [
     {"starts": [0, 17, 40], "n": 57, "n_decay": 0, "wd": 0.01},
     {"starts": [0, 17, 40], "n": 57, "n_decay": 57, "wd": 0.0},
     {"starts": [0, 5], "n": 21, "n_decay": 20, "mzero": [0, 21], "wd": 0.5, "t": 100},
-    {"starts": [0, 3], "n": 40, "n_decay": 30, "scale": 22.0},   # squares and sums past binary32: inf
+    {"starts": [0, 3], "n": 40, "n_decay": 30, "scale": 22.0},
+    # one-element segments back to back (a sums transfer every element), then 16, 1, 33
+    {"starts": [0, 1, 2, 3, 4, 5, 6, 7, 8, 24, 25], "n": 58, "n_decay": 7, "mzero": [5, 9], "wd": 0.2},   # squares and sums past binary32: inf
 ]
 
 
