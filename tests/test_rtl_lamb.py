@@ -54,7 +54,7 @@ def run(config: dict, tests) -> None:
 
 @needs_sim
 def test_lamb_norms():
-    run({"cases": CASES, "seed": 5, "idle": 0.3, "backpressure": 0.3}, ["lamb_norms_vectors"])
+    run({"cases": CASES, "seed": 5, "idle": 0.3, "backpressure": 0.3}, ["lamb_norms_vectors", "lamb_norms_reset"])
 
 
 @needs_sim
