@@ -98,8 +98,8 @@ def test_auto_takes_opencl_for_lion_and_numpy_for_an_optimizer_opencl_does_not_r
     """The OpenCL EPS runs Lion (eps_lion_*) and LAMB (eps_lamb_*): auto takes it for
     --optimizer lion and lamb as for AdamW. For an optimizer it did not run, auto would leave
     it for the NumPy EPS and say why."""
-    if eps_choice.cpu_device()[0] is None:
-        pytest.skip("no OpenCL CPU device here")
+    found, what = eps_choice.cpu_device()
+    assert found is not None, f"make setup-test installs an OpenCL CPU platform: {what}"
     for optimizer in ("adamw", "lion", "lamb"):
         chosen = eps_choice.choose("auto", optimizer=optimizer)
         assert chosen.name == "opencl", (optimizer, chosen)
