@@ -79,13 +79,17 @@ def timm_optimizers():
     return Lion, Lamb
 
 
+def trainer_groups(model, decayed: set[str], weight_decay: float) -> list[dict]:
+    """Trainer's two parameter groups of ``model``: ``decayed`` and the rest."""
+    named = dict(model.named_parameters())
+    return [{"params": [p for k, p in named.items() if k in decayed], "weight_decay": weight_decay},
+            {"params": [p for k, p in named.items() if k not in decayed], "weight_decay": 0.0}]
+
+
 def adamw_with_trainer_groups(model, decayed: set[str], *, weight_decay: float, **kw):
     """torch.optim.AdamW over ``model`` with Trainer's two groups: ``decayed`` and the rest."""
     import torch
-    named = dict(model.named_parameters())
-    return torch.optim.AdamW(
-        [{"params": [p for k, p in named.items() if k in decayed], "weight_decay": weight_decay},
-         {"params": [p for k, p in named.items() if k not in decayed], "weight_decay": 0.0}], **kw)
+    return torch.optim.AdamW(trainer_groups(model, decayed, weight_decay), **kw)
 
 
 def sampler_for(corpus, cfg: ModelConfig, batch_size: int, seed: int = 0) -> BatchSampler:

@@ -61,19 +61,18 @@ def test_the_built_in_gpts_groups_are_trainers(trainer_decay_names):
     assert got == want and 0 < len(want) < len(list(whole.parameters()))
 
 
-def _reference(directory: Path, data: Path, decay_names) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Hugging Face's model trained by torch.optim.AdamW with Trainer's groups, on the batches
-    and learning rates of ``l2l train``: per-step losses and the final weights."""
+def reference(directory: Path, data: Path, make_optimizer, hyper: dict) -> tuple[list[float], dict[str, np.ndarray]]:
+    """Hugging Face's model trained by ``make_optimizer(model)`` on the batches and learning
+    rates of ``l2l train`` with ``hyper``: per-step losses and the final weights."""
     hf = _hf("qwen2", directory).train()
     named = dict(hf.named_parameters())
-    opt = adamw_with_trainer_groups(hf, decay_names(hf), weight_decay=HYPER["weight_decay"], lr=HYPER["lr"],
-                                    betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["adam_eps"])
+    opt = make_optimizer(hf)
     corpus = load_corpus(str(data), tokenizer=load_tokenizer(None, str(directory)))
     sampler = BatchSampler(corpus.train, SEQ, BATCH, "causal", seed=0, name="train")
     losses = []
     for step in range(STEPS):
-        lr = lr_at(step, lr=HYPER["lr"], warmup_steps=HYPER["warmup_steps"], total_steps=STEPS,
-                   min_lr_ratio=HYPER["min_lr_ratio"])
+        lr = lr_at(step, lr=hyper["lr"], warmup_steps=hyper["warmup_steps"], total_steps=STEPS,
+                   min_lr_ratio=hyper["min_lr_ratio"])
         for group in opt.param_groups:
             group["lr"] = lr
         batch = sampler.next()
@@ -85,23 +84,41 @@ def _reference(directory: Path, data: Path, decay_names) -> tuple[list[float], d
     return losses, {k: p.detach().numpy().copy() for k, p in named.items()}
 
 
-def _flags(directory: Path, data: Path, out: Path) -> list[str]:
-    hyper = [f"--{k.replace('_', '-')}={v}" for k, v in HYPER.items()]
+def train_flags(directory: Path, data: Path, out: Path, hyper: dict, steps: int = STEPS) -> list[str]:
+    """``l2l train`` of that model on that corpus with ``hyper``, as the references train it."""
     return ["train", "--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size",
-            str(BATCH), "--micro-batches", str(MICRO), "--steps", str(STEPS), "--eval-every", "0",
-            "--eval-batches", "1", "--no-plot", "--out", str(out), *hyper]
+            str(BATCH), "--micro-batches", str(MICRO), "--steps", str(steps), "--eval-every", "0",
+            "--eval-batches", "1", "--no-plot", "--out", str(out),
+            *(f"--{k.replace('_', '-')}={v}" for k, v in hyper.items())]
 
 
-@pytest.fixture(scope="module")
-def qwen2_run(tmp_path_factory, trainer_decay_names):
-    """A tiny Qwen2 (biases on q, k, v: a bias group as well as the norms), a corpus, the reference."""
-    tmp = tmp_path_factory.mktemp("groups")
+def qwen2_and_corpus(tmp: Path) -> tuple[Path, Path]:
+    """A tiny Qwen2 (biases on q, k, v: a bias group as well as the norms) and a corpus."""
     directory = _write(tmp, "qwen2")
     data = tmp / "corpus.txt"
     rng = np.random.default_rng(0)
     data.write_text("\n".join(" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "eps"], 12))
                               for _ in range(400)))
-    return directory, data, _reference(directory, data, trainer_decay_names)
+    return directory, data
+
+
+def train_losses(out: Path) -> list[float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def _flags(directory: Path, data: Path, out: Path) -> list[str]:
+    return train_flags(directory, data, out, HYPER)
+
+
+@pytest.fixture(scope="module")
+def qwen2_run(tmp_path_factory, trainer_decay_names):
+    """The model and corpus, and torch.optim.AdamW with Trainer's groups on them."""
+    directory, data = qwen2_and_corpus(tmp_path_factory.mktemp("groups"))
+    adamw = lambda hf: adamw_with_trainer_groups(  # noqa: E731
+        hf, trainer_decay_names(hf), weight_decay=HYPER["weight_decay"], lr=HYPER["lr"],
+        betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["adam_eps"])
+    return directory, data, reference(directory, data, adamw, HYPER)
 
 
 @pytest.mark.parametrize("engine", ["l2l", "plain"])
@@ -110,8 +127,7 @@ def test_twenty_steps_equal_torch_adamw_with_trainers_groups(engine, qwen2_run, 
     out = tmp_path / engine
     r = run_cli(*_flags(directory, data, out), "--engine", engine)
     assert r.returncode == 0, r.stderr[-3000:]
-    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
+    losses = train_losses(out)
     assert len(losses) == STEPS
     for step, (got, want) in enumerate(zip(losses, want_losses)):
         assert got == pytest.approx(want, rel=1e-5), step

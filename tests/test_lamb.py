@@ -4,7 +4,6 @@ thread, and ``l2l train`` on a Hugging Face model against timm's ``Lamb`` with T
 parameter groups, relay and plain engine, from the command line."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import ml_dtypes
@@ -13,17 +12,13 @@ import pytest
 import torch
 
 from l2l.checkpoint import load_latest
-from l2l.data import BatchSampler, load_corpus
 from l2l.eps import EagerParamServer, NumpyBackend, OptimizerHyper, numerics
 from l2l.eps.contract import step_scalars
 from l2l.eps.shards import BLOCK
-from l2l.lr_schedule import lr_at
 from l2l.models.pretrained import checkpoint_keys
-from l2l.tokenizer import load_tokenizer
-from conftest import run_cli, timm_optimizers
+from conftest import run_cli, timm_optimizers, trainer_groups
 from eps_oracle import Oracle, bits_of, round_bits
-from test_decay_groups import BATCH, MICRO, STEPS, _write
-from test_pretrained import SEQ, _hf, _hf_loss_sum
+from test_decay_groups import STEPS, qwen2_and_corpus, reference, train_flags, train_losses
 
 HYPER = dict(lr=2e-3, beta1=0.9, beta2=0.99, adam_eps=1e-6, weight_decay=0.05, warmup_steps=4, min_lr_ratio=0.1)
 
@@ -142,49 +137,20 @@ def test_golden_model_is_close_to_timms_lamb():
 # ---------------------------------------------------------------- l2l train against timm
 
 
-def _reference(directory: Path, data: Path, decay_names) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Hugging Face's model trained by timm's Lamb (no gradient clipping of its own) with
-    Trainer's groups, on the batches and learning rates of ``l2l train``."""
-    _, TimmLamb = timm_optimizers()
-    hf = _hf("qwen2", directory).train()
-    named = dict(hf.named_parameters())
-    decayed = decay_names(hf)
-    opt = TimmLamb([{"params": [p for k, p in named.items() if k in decayed], "weight_decay": HYPER["weight_decay"]},
-                    {"params": [p for k, p in named.items() if k not in decayed], "weight_decay": 0.0}],
-                   lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["adam_eps"], max_grad_norm=None)
-    corpus = load_corpus(str(data), tokenizer=load_tokenizer(None, str(directory)))
-    sampler = BatchSampler(corpus.train, SEQ, BATCH, "causal", seed=0, name="train")
-    losses = []
-    for step in range(STEPS):
-        lr = lr_at(step, lr=HYPER["lr"], warmup_steps=HYPER["warmup_steps"], total_steps=STEPS,
-                   min_lr_ratio=HYPER["min_lr_ratio"])
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = sampler.next()
-        opt.zero_grad()
-        loss = _hf_loss_sum(hf, batch) / batch.num_targets
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses, {k: p.detach().numpy().copy() for k, p in named.items()}
-
-
-def _flags(directory: Path, data: Path, out: Path, steps: int = STEPS) -> list[str]:
-    hyper = [f"--{k.replace('_', '-')}={v}" for k, v in HYPER.items()]
-    return ["train", "--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size",
-            str(BATCH), "--micro-batches", str(MICRO), "--steps", str(steps), "--eval-every", "0",
-            "--eval-batches", "1", "--no-plot", "--out", str(out), "--optimizer", "lamb", *hyper]
-
-
 @pytest.fixture(scope="module")
 def lamb_run(tmp_path_factory, trainer_decay_names):
-    tmp = tmp_path_factory.mktemp("lamb")
-    directory = _write(tmp, "qwen2")
-    data = tmp / "corpus.txt"
-    rng = np.random.default_rng(0)
-    data.write_text("\n".join(" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "eps"], 12))
-                              for _ in range(400)))
-    return directory, data, _reference(directory, data, trainer_decay_names)
+    """The tiny Qwen2 and corpus, and Hugging Face's model trained by timm's Lamb (no gradient
+    clipping of its own) with Trainer's groups on the batches and learning rates of ``l2l train``."""
+    _, TimmLamb = timm_optimizers()
+    directory, data = qwen2_and_corpus(tmp_path_factory.mktemp("lamb"))
+    lamb = lambda hf: TimmLamb(trainer_groups(hf, trainer_decay_names(hf), HYPER["weight_decay"]),  # noqa: E731
+                               lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["adam_eps"],
+                               max_grad_norm=None)
+    return directory, data, reference(directory, data, lamb, HYPER)
+
+
+def _flags(directory: Path, data: Path, out: Path) -> list[str]:
+    return train_flags(directory, data, out, {**HYPER, "optimizer": "lamb"})
 
 
 @pytest.mark.parametrize("engine", ["l2l", "plain"])
@@ -193,8 +159,7 @@ def test_twenty_steps_equal_timms_lamb(engine, lamb_run, tmp_path):
     out = tmp_path / engine
     r = run_cli(*_flags(directory, data, out), "--engine", engine)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    losses = [x["loss"] for x in rows if "loss" in x]
+    losses = train_losses(out)
     assert len(losses) == STEPS
     for step, (got, want) in enumerate(zip(losses, want_losses)):
         assert got == pytest.approx(want, rel=1e-5), step

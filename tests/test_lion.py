@@ -13,17 +13,13 @@ import pytest
 import torch
 
 from l2l.checkpoint import load_latest
-from l2l.data import BatchSampler, load_corpus
 from l2l.eps import EagerParamServer, LionScalars, NumpyBackend, OptimizerHyper, numerics
 from l2l.eps.contract import step_scalars
 from l2l.lion import Lion
-from l2l.lr_schedule import lr_at
 from l2l.models.pretrained import checkpoint_keys
-from l2l.tokenizer import load_tokenizer
-from conftest import run_cli, timm_optimizers
+from conftest import run_cli, timm_optimizers, trainer_groups
 from eps_oracle import Oracle, bits_of, round_bits, wide_f32
-from test_decay_groups import BATCH, MICRO, STEPS, _write
-from test_pretrained import SEQ, _hf, _hf_loss_sum
+from test_decay_groups import STEPS, qwen2_and_corpus, reference, train_flags, train_losses
 
 HYPER = dict(lr=3e-4, beta1=0.9, beta2=0.99, weight_decay=0.3, warmup_steps=4, min_lr_ratio=0.1)
 
@@ -142,54 +138,19 @@ def test_plain_engines_lion_is_the_golden_model():
 # ---------------------------------------------------------------- l2l train against timm
 
 
-def _reference(directory: Path, data: Path, decay_names) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Hugging Face's model trained by timm's Lion with Trainer's groups, on the batches and
-    learning rates of ``l2l train``."""
+@pytest.fixture(scope="module")
+def lion_run(tmp_path_factory, trainer_decay_names):
+    """The tiny Qwen2 and corpus, and Hugging Face's model trained by timm's Lion with
+    Trainer's groups on the batches and learning rates of ``l2l train``."""
     TimmLion, _ = timm_optimizers()
-    hf = _hf("qwen2", directory).train()
-    named = dict(hf.named_parameters())
-    decayed = decay_names(hf)
-    opt = TimmLion([{"params": [p for k, p in named.items() if k in decayed], "weight_decay": HYPER["weight_decay"]},
-                    {"params": [p for k, p in named.items() if k not in decayed], "weight_decay": 0.0}],
-                   lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]))
-    corpus = load_corpus(str(data), tokenizer=load_tokenizer(None, str(directory)))
-    sampler = BatchSampler(corpus.train, SEQ, BATCH, "causal", seed=0, name="train")
-    losses = []
-    for step in range(STEPS):
-        lr = lr_at(step, lr=HYPER["lr"], warmup_steps=HYPER["warmup_steps"], total_steps=STEPS,
-                   min_lr_ratio=HYPER["min_lr_ratio"])
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = sampler.next()
-        opt.zero_grad()
-        loss = _hf_loss_sum(hf, batch) / batch.num_targets
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses, {k: p.detach().numpy().copy() for k, p in named.items()}
+    directory, data = qwen2_and_corpus(tmp_path_factory.mktemp("lion"))
+    lion = lambda hf: TimmLion(trainer_groups(hf, trainer_decay_names(hf), HYPER["weight_decay"]),  # noqa: E731
+                               lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]))
+    return directory, data, reference(directory, data, lion, HYPER)
 
 
 def _flags(directory: Path, data: Path, out: Path, steps: int = STEPS) -> list[str]:
-    hyper = [f"--{k.replace('_', '-')}={v}" for k, v in HYPER.items()]
-    return ["train", "--model", str(directory), "--data", str(data), "--seq-len", str(SEQ), "--batch-size",
-            str(BATCH), "--micro-batches", str(MICRO), "--steps", str(steps), "--eval-every", "0",
-            "--eval-batches", "1", "--no-plot", "--out", str(out), "--optimizer", "lion", *hyper]
-
-
-@pytest.fixture(scope="module")
-def lion_run(tmp_path_factory, trainer_decay_names):
-    tmp = tmp_path_factory.mktemp("lion")
-    directory = _write(tmp, "qwen2")
-    data = tmp / "corpus.txt"
-    rng = np.random.default_rng(0)
-    data.write_text("\n".join(" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "eps"], 12))
-                              for _ in range(400)))
-    return directory, data, _reference(directory, data, trainer_decay_names)
-
-
-def _losses(out: Path) -> list[float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
+    return train_flags(directory, data, out, {**HYPER, "optimizer": "lion"}, steps)
 
 
 @pytest.mark.parametrize("engine", ["l2l", "plain"])
@@ -198,7 +159,7 @@ def test_twenty_steps_equal_timms_lion(engine, lion_run, tmp_path):
     out = tmp_path / engine
     r = run_cli(*_flags(directory, data, out), "--engine", engine)
     assert r.returncode == 0, r.stderr[-3000:]
-    losses = _losses(out)
+    losses = train_losses(out)
     assert len(losses) == STEPS
     for step, (got, want) in enumerate(zip(losses, want_losses)):
         assert got == pytest.approx(want, rel=1e-5), step
@@ -224,7 +185,7 @@ def test_resume_refuses_another_optimizer(lion_run, tmp_path):
     out = tmp_path / "run"
     assert run_cli(*_flags(directory, data, out, steps=2)).returncode == 0
     flags = _flags(directory, data, out, steps=3)
-    flags[flags.index("--optimizer") + 1] = "adamw"
+    flags[flags.index("--optimizer=lion")] = "--optimizer=adamw"
     r = run_cli(*flags, "--resume")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "optimizer was 'lion', now 'adamw'" in r.stderr, r.stderr[-1000:]

@@ -113,6 +113,31 @@ class EpsBackend(ABC):
         """Release device resources."""
 
 
+class HostState:
+    """State access for a backend whose layers' ``(p, *moments)`` are host arrays in
+    ``self._state`` (NumPy, the HLS C-simulation): checkpoints read and write them directly."""
+
+    _state: dict[int, tuple[np.ndarray, ...]]
+
+    def release(self, layer: int) -> None:
+        self._state.pop(layer, None)
+
+    def read_state(self, layer: int):
+        return tuple(a.copy() for a in self._state[layer])
+
+    def read_master(self, layer: int) -> np.ndarray:
+        return self._state[layer][0].copy()
+
+    def state_view(self, layer: int):
+        return tuple(read_only(a) for a in self._state[layer])
+
+    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
+        state = self._state[layer]
+        check_state(layer, (p, *moments), state[0].shape[0], len(state) - 1)
+        for dst, src in zip(state, (p, *moments)):
+            dst[...] = src
+
+
 def check_step(grads, copy_out: np.ndarray, n: int, n_decay: int | None = None) -> None:
     """A step's arguments against the contract, all checked before anything is written:
     K >= 1 contributions of one gradient dtype and ``n`` elements each, a writable device copy

@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import UserError
-from .backend import EpsBackend, adoptable, check_optimizer, check_state, check_step, read_only
+from .backend import EpsBackend, HostState, adoptable, check_optimizer, check_step, lamb_bounds
 from .contract import LambStep, StepScalars, optimizer_of
 from .numerics import COPY_DTYPES, GRAD_DTYPES, LANES
 
@@ -179,19 +179,7 @@ def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _segment_bounds(step: LambStep, n: int) -> np.ndarray:
-    """The LAMB step's segment bounds as the kernels' ``seg``: uint32[nseg + 1], from 0 to ``n``,
-    non-decreasing (checked before any kernel runs)."""
-    bounds = np.asarray(step.segments.bounds)
-    if bounds.ndim != 1 or bounds.shape[0] < 2 or bounds[0] != 0 or bounds[-1] != n \
-            or np.any(np.diff(bounds) < 0):
-        raise ValueError(f"LAMB segments {bounds.tolist()[:8]}... do not cover a layer of {n} elements")
-    if bounds.shape[0] - 1 != step.segments.count:
-        raise ValueError(f"LAMB segments: {bounds.shape[0]} bounds for {step.segments.count} segments")
-    return np.ascontiguousarray(bounds, dtype=np.uint32)  # every bound <= n <= MAX_N: exact
-
-
-class HlsCsimBackend(EpsBackend):
+class HlsCsimBackend(HostState, EpsBackend):
     name = "hls-csim"
     optimizers = frozenset({*UPDATE_KERNELS, "lamb"})
 
@@ -285,8 +273,6 @@ class HlsCsimBackend(EpsBackend):
             raise ValueError(f"layer {layer}: {p.shape[0]} elements; the kernels take at most {MAX_N}")
         self._state[layer] = tuple(adoptable(a) for a in (p, *moments))
 
-    def release(self, layer: int) -> None:
-        self._state.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
@@ -294,7 +280,7 @@ class HlsCsimBackend(EpsBackend):
         n = state[0].shape[0]
         check_step(grads, copy_out, n, n_decay)  # the shared contract, before any kernel runs
         check_optimizer(self, scalars, len(state) - 1)  # one we run, on state of its shape
-        seg = _segment_bounds(scalars, n) if isinstance(scalars, LambStep) else None
+        seg = lamb_bounds(scalars, n) if isinstance(scalars, LambStep) else None
         block, k, gdtype = self._gradient_block(grads, n)
         c = self._check_copy(copy_out, n)
         g = GRAD_SUFFIX[gdtype]
@@ -342,17 +328,3 @@ class HlsCsimBackend(EpsBackend):
         if target is not copy_out:
             copy_out[...] = target
 
-    def read_state(self, layer: int):
-        return tuple(a.copy() for a in self._state[layer])
-
-    def read_master(self, layer: int) -> np.ndarray:
-        return self._state[layer][0].copy()
-
-    def state_view(self, layer: int):
-        return tuple(read_only(a) for a in self._state[layer])
-
-    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
-        state = self._state[layer]
-        check_state(layer, (p, *moments), state[0].shape[0], len(state) - 1)
-        for dst, src in zip(state, (p, *moments)):
-            dst[...] = src

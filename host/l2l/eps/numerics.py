@@ -105,11 +105,17 @@ def adamw_update(p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
     one pass over memory.
     """
     n = p.shape[0]
+    n_decay = decay_boundary(n, n_decay)
+    with np.errstate(all="ignore"):  # overflow to inf is a defined result, not an error
+        _adamw(p, m, v, g, s, copy_out, scratch or _Scratch(), n_decay)
+
+
+def decay_boundary(n: int, n_decay: int | None) -> int:
+    """An update's decay boundary over ``n`` elements: ``n_decay`` (default all), in ``[0, n]``."""
     n_decay = n if n_decay is None else n_decay
     if not 0 <= n_decay <= n:
         raise ValueError(f"n_decay {n_decay} outside [0, {n}]")
-    with np.errstate(all="ignore"):  # overflow to inf is a defined result, not an error
-        _adamw(p, m, v, g, s, copy_out, scratch or _Scratch(), n_decay)
+    return n_decay
 
 
 def decayed_part(lo: int, hi: int, n_decay: int) -> int:
@@ -160,9 +166,7 @@ def lion_update(p: np.ndarray, m: np.ndarray, g: np.ndarray, s: LionScalars,
     Weight decay applies to ``[0, n_decay)`` as in :func:`adamw_update`.
     """
     n = p.shape[0]
-    n_decay = n if n_decay is None else n_decay
-    if not 0 <= n_decay <= n:
-        raise ValueError(f"n_decay {n_decay} outside [0, {n}]")
+    n_decay = decay_boundary(n, n_decay)
     with np.errstate(all="ignore"):
         _lion(p, m, g, s, copy_out, scratch or _Scratch(), n_decay)
 
@@ -263,7 +267,7 @@ def lamb_norms(p, m, v, g, s: LambScalars, segments: Segments, *, n_decay: int |
     segment the :data:`LANES` binary32 sums of ``p*p`` and of ``u2*u2`` ((nseg, 2, LANES) in
     ``out``). ``p`` is not changed."""
     n = p.shape[0]
-    n_decay = n if n_decay is None else n_decay
+    n_decay = decay_boundary(n, n_decay)
     last = segments.count if last is None else last
     out = np.zeros((segments.count, 2, LANES), np.float32) if out is None else out
     scratch = scratch or _Scratch()
@@ -318,7 +322,7 @@ def lamb_apply(p, m, v, s: LambScalars, segments: Segments, steps: np.ndarray, *
     """LAMB's second pass over segments ``[first, last)``: ``u2`` again from ``p, m', v'``,
     ``p' = p + steps[s] * u2``, and the device copy."""
     n = p.shape[0]
-    n_decay = n if n_decay is None else n_decay
+    n_decay = decay_boundary(n, n_decay)
     last = segments.count if last is None else last
     scratch = scratch or _Scratch()
     z = _ZeroDim(s)

@@ -8,12 +8,12 @@ from typing import Sequence
 import numpy as np
 
 from . import numerics
-from .backend import EpsBackend, adoptable, check_copy, check_optimizer, check_state, check_step, read_only
+from .backend import EpsBackend, HostState, adoptable, check_copy, check_optimizer, check_step
 from .contract import LambStep, StepScalars
 from .threads import RangePool, available_cpus
 
 
-class NumpyBackend(EpsBackend):
+class NumpyBackend(HostState, EpsBackend):
     name = "numpy"
     optimizers = frozenset({"adamw", "lion", "lamb"})
 
@@ -55,8 +55,6 @@ class NumpyBackend(EpsBackend):
     def master_as_copy(self, layer: int) -> np.ndarray:
         return self._state[layer][0]
 
-    def release(self, layer: int) -> None:
-        self._state.pop(layer, None)
 
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
@@ -116,20 +114,6 @@ class NumpyBackend(EpsBackend):
         if copy_out is not p:  # the master serving as its own copy is already written
             self._pool.map(lambda lo, hi: numerics.device_copy(p[lo:hi], copy_out[lo:hi]), p.shape[0])
 
-    def read_state(self, layer: int):
-        return tuple(a.copy() for a in self._state[layer])
-
-    def read_master(self, layer: int) -> np.ndarray:
-        return self._state[layer][0].copy()
-
-    def state_view(self, layer: int):
-        return tuple(read_only(a) for a in self._state[layer])
-
-    def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
-        state = self._state[layer]
-        check_state(layer, (p, *moments), state[0].shape[0], len(state) - 1)
-        for dst, src in zip(state, (p, *moments)):
-            dst[...] = src
 
     def close(self) -> None:
         self._pool.close()
