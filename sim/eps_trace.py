@@ -31,8 +31,11 @@ recorded, and the replay writes it to the kernel's n_decay register.
 The optimizer is the run's (``record(optimizer=...)``, ``--optimizer`` on the
 command line): AdamW's updates hold the state ``(p, m, v)`` and
 :class:`~l2l.eps.contract.StepScalars`, Lion's ``(p, m)`` (``v`` and
-``v_out`` are None) and :class:`~l2l.eps.contract.LionScalars`; the trace's
-header names the optimizer, and a trace without one is AdamW's.
+``v_out`` are None) and :class:`~l2l.eps.contract.LionScalars`, LAMB's
+``(p, m, v)``, :class:`~l2l.eps.contract.LambScalars` (its host-only ``lr`` and
+``adapt`` too, for the fold between the passes) and the entry's tensor starts
+(its segments are ``numerics.lamb_segments`` of them); the trace's header names
+the optimizer, and a trace without one is AdamW's.
 
 :func:`record` runs and saves a trace (``.npz``: bit patterns, so bfloat16
 and binary16 survive any NumPy); :func:`load` reads one back as
@@ -52,8 +55,8 @@ from typing import Sequence
 import numpy as np
 
 from l2l.eps.backend import EpsBackend
-from l2l.eps.contract import OPTIMIZERS, StepScalars, optimizer_of
-from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES
+from l2l.eps.contract import OPTIMIZERS, LambScalars, LambStep, StepScalars, optimizer_of
+from l2l.eps.numerics import COPY_DTYPES, GRAD_DTYPES, as_step
 
 _UINT = {2: np.uint16, 4: np.uint32}
 
@@ -78,6 +81,7 @@ class Update:
     m_out: np.ndarray
     v_out: np.ndarray | None
     copy_out: np.ndarray       # the device copy after the update (the copy dtype)
+    tensor_starts: np.ndarray | None = None   # LAMB: the entry's tensors (its segments), else None
 
 
 @dataclass
@@ -129,6 +133,10 @@ class RecordingBackend(EpsBackend):
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         p, m, *v = self.inner.read_state(layer)        # v: [v] (AdamW) or [] (Lion)
         n_decay = self.decay_split.get(layer, n_decay)
+        starts = None
+        if isinstance(scalars, LambStep):    # the fold must see the boundary the passes see
+            starts = np.asarray(scalars.segments.tensor_starts, np.int64)
+            scalars = as_step(scalars.scalars, p.shape[0], n_decay, starts)
         g = np.array(np.stack([np.asarray(x) for x in grads]) if not isinstance(grads, np.ndarray)
                      else grads, copy=True)
         at = self._count.get(layer, 0)
@@ -139,9 +147,10 @@ class RecordingBackend(EpsBackend):
             grads = g
         finite = self.inner.step(layer, grads, scalars, copy_out, n_decay=n_decay)
         p2, m2, *v2 = self.inner.read_state(layer)
-        self.updates.append(Update(layer, g, scalars, p.shape[0] if n_decay is None else int(n_decay),
+        self.updates.append(Update(layer, g, scalars.scalars if starts is not None else scalars,
+                                   p.shape[0] if n_decay is None else int(n_decay),
                                    p, m, v[0] if v else None, bool(finite), p2, m2, v2[0] if v2 else None,
-                                   np.array(copy_out, copy=True)))
+                                   np.array(copy_out, copy=True), starts))
         return finite
 
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
@@ -169,7 +178,7 @@ def record(path: str | Path, *, precision: str = "fp32", contributors: int = 1, 
     ``poison`` makes one update non-finite (see :class:`Poison`); ``decay_split``
     (``{layer: n_decay}``) gives those layers a decay boundary (see
     :class:`RecordingBackend`); both are kept in the trace's ``meta``.
-    ``optimizer`` (adamw, lion) is the EPS's (``OptimizerHyper.optimizer``).
+    ``optimizer`` (adamw, lion, lamb) is the EPS's (``OptimizerHyper.optimizer``).
     """
     import torch
 
@@ -213,6 +222,9 @@ def save(trace: Trace, path: str | Path) -> None:
     index = []
     for i, u in enumerate(trace.updates):
         index.append({"layer": u.layer, "finite": u.finite, "n_decay": u.n_decay})
+        if isinstance(u.scalars, LambScalars):   # the fold's own values, and the segments
+            index[-1].update(lr=u.scalars.lr, adapt=bool(u.scalars.adapt),
+                             tensor_starts=[int(t) for t in u.tensor_starts])
         arrays[f"{i}.grads"] = _bits(u.grads)
         arrays[f"{i}.scalars"] = np.asarray(u.scalars.as_tuple(), np.float32).view(np.uint32)
         if optimizer_of(u.scalars).name != trace.optimizer:
@@ -237,13 +249,17 @@ def load(path: str | Path) -> Trace:
         updates = []
         for i, ent in enumerate(head["updates"]):
             s = scalars(*(np.float32(x) for x in z[f"{i}.scalars"].view(np.float32)))
+            starts = None
+            if scalars is LambScalars:
+                s = LambScalars(*s.as_tuple(), lr=float(ent["lr"]), adapt=bool(ent["adapt"]))
+                starts = np.asarray(ent["tensor_starts"], np.int64)
             updates.append(Update(
                 layer=ent["layer"], grads=z[f"{i}.grads"].view(gdt), scalars=s,
                 # a trace from before the parameter groups decayed every element
                 n_decay=int(ent.get("n_decay", z[f"{i}.p"].shape[0])),
                 p=f32(z[f"{i}.p"]), m=f32(z[f"{i}.m"]), v=v_of(f"{i}.v"), finite=ent["finite"],
                 p_out=f32(z[f"{i}.p_out"]), m_out=f32(z[f"{i}.m_out"]), v_out=v_of(f"{i}.v_out"),
-                copy_out=z[f"{i}.copy_out"].view(cdt)))
+                copy_out=z[f"{i}.copy_out"].view(cdt), tensor_starts=starts))
     return Trace(head["gdtype"], head["cdtype"], updates, head["meta"], optimizer)
 
 

@@ -23,6 +23,9 @@
 //   0x70 status   bit0 dma_error R  an AXI read or write response of the last run
 //                                     was SLVERR or DECERR (the `dma_error` input;
 //                                     the kernel clears it when a run starts)
+//   0x74 ..       LAMB = 1 only (the LAMB kernel, fpga/ARGS.md "RTL kernel", "LAMB"):
+//                 pass (32), then the buffers seg, sums, steps (64 each), then nseg
+//                 (32): the LAMB_ADDR_* localparams; the map then ends at 0x94.
 //
 // `interrupt` = GIE & (ISR bit0 | ISR bit1). Every register reads back what
 // was written (unused bits read 0); status is read-only. Unmapped addresses
@@ -36,7 +39,9 @@
 `default_nettype none
 
 module l2l_axil_ctrl #(
-    parameter ADDR_W = 12    // address bits of s_axi_control, 7 .. 32 (the map ends at 0x74; Vitis uses 12)
+    parameter ADDR_W = 12,   // address bits of s_axi_control, 7 .. 32 (8 with LAMB; the map ends at 0x74,
+                             // 0x94 with LAMB; Vitis uses 12)
+    parameter LAMB   = 0     // 1: the LAMB kernel's words past the status register
 ) (
     input  wire              clk,
     input  wire              rst,          // synchronous, active high
@@ -85,7 +90,13 @@ module l2l_axil_ctrl #(
     output wire [31:0]       arg_inv_bc2_sqrt,
     output wire [31:0]       arg_eps,
     output wire [31:0]       arg_neg_step,
-    output wire [31:0]       arg_inv_scale
+    output wire [31:0]       arg_inv_scale,
+    // LAMB = 1: its pass, segment bounds, sums, steps and segment count (0 otherwise)
+    output wire [31:0]       arg_pass,
+    output wire [63:0]       arg_seg,
+    output wire [63:0]       arg_sums,
+    output wire [63:0]       arg_steps,
+    output wire [31:0]       arg_nseg
 );
 
     // ap_ctrl_hs registers
@@ -114,11 +125,20 @@ module l2l_axil_ctrl #(
     localparam [7:0] ADDR_NEG_STEP     = 8'h68;
     localparam [7:0] ADDR_INV_SCALE    = 8'h6C;
 
+    // the LAMB kernel's words (LAMB = 1), past the status register; not ADDR_*: the shared
+    // argument order of the three kernel sources is the ADDR_* words
+    localparam [7:0] LAMB_ADDR_PASS    = 8'h74;  // 1: norms pass, 2: step pass
+    localparam [7:0] LAMB_ADDR_SEG     = 8'h78;  // 64-bit
+    localparam [7:0] LAMB_ADDR_SUMS    = 8'h80;  // 64-bit
+    localparam [7:0] LAMB_ADDR_STEPS   = 8'h88;  // 64-bit
+    localparam [7:0] LAMB_ADDR_NSEG    = 8'h90;
+
     localparam NWORDS = 24;   // argument words: 6 buffers x 2 + 12 x 1, from 0x10
+    localparam XWORDS = 8;    // LAMB's words: 3 buffers x 2 + 2 x 1, from 0x74
 
     initial begin
-        if (ADDR_W < 7 || ADDR_W > 32) begin
-            $error("l2l_axil_ctrl: illegal ADDR_W=%0d (7 .. 32)", ADDR_W);
+        if (ADDR_W < 7 || ADDR_W > 32 || (LAMB != 0 && LAMB != 1) || (LAMB == 1 && ADDR_W < 8)) begin
+            $error("l2l_axil_ctrl: illegal ADDR_W=%0d LAMB=%0d (ADDR_W 7 .. 32, 8 .. 32 with LAMB)", ADDR_W, LAMB);
             $finish;
         end
     end
@@ -128,6 +148,7 @@ module l2l_axil_ctrl #(
     reg        int_gie;
     reg [1:0]  int_ier, int_isr;
     reg [31:0] args [0:NWORDS-1];   // word w at 0x10 + 4*w
+    reg [31:0] xargs [0:XWORDS-1];  // word w at 0x74 + 4*w (only written when LAMB = 1)
 
     // ------------------------------------------------------------ write channel
     reg              aw_have, w_have;
@@ -155,6 +176,8 @@ module l2l_axil_ctrl #(
     wire [7:0]  wa       = aw32[7:0] & 8'hFC;
     wire        wa_high  = (aw32[31:8] != 0);       // beyond the map
     wire [4:0]  wa_word  = wa[6:2] - ADDR_GR[6:2];  // argument word, when wa is in 0x10 .. 0x6F
+    wire [2:0]  wa_x     = wa[4:2] - LAMB_ADDR_PASS[4:2];   // LAMB's word, when wa is in 0x74 .. 0x93
+    wire        wa_in_x  = (LAMB == 1) && wa >= LAMB_ADDR_PASS && wa < LAMB_ADDR_PASS + 4 * XWORDS;
     wire [31:0] wmask    = {{8{w_strb[3]}}, {8{w_strb[2]}}, {8{w_strb[1]}}, {8{w_strb[0]}}};
 
     // ------------------------------------------------------------ read channel
@@ -164,6 +187,8 @@ module l2l_axil_ctrl #(
     wire [7:0]  ra      = ar32[7:0] & 8'hFC;
     wire        ra_high = (ar32[31:8] != 0);
     wire [4:0]  ra_word = ra[6:2] - ADDR_GR[6:2];
+    wire [2:0]  ra_x    = ra[4:2] - LAMB_ADDR_PASS[4:2];
+    wire        ra_in_x = (LAMB == 1) && ra >= LAMB_ADDR_PASS && ra < LAMB_ADDR_PASS + 4 * XWORDS;
     wire        read_ctrl = ar_take && !ra_high && (ra == REG_CTRL);
 
     reg [31:0] rword;
@@ -182,6 +207,8 @@ module l2l_axil_ctrl #(
                 rword = {31'd0, dma_error};
             else if (ra >= ADDR_GR && ra < ADDR_GR + 4 * NWORDS)
                 rword = args[ra_word];
+            else if (ra_in_x)
+                rword = xargs[ra_x];
         end
     end
 
@@ -202,6 +229,8 @@ module l2l_axil_ctrl #(
             int_isr              <= 2'b00;
             for (j = 0; j < NWORDS; j = j + 1)
                 args[j] <= 32'd0;
+            for (j = 0; j < XWORDS; j = j + 1)
+                xargs[j] <= 32'd0;
         end else begin
             // write: address and data in either order, then one response
             if (s_axi_control_awvalid && s_axi_control_awready) begin
@@ -232,6 +261,8 @@ module l2l_axil_ctrl #(
             // arguments
             if (do_write && !wa_high && wa >= ADDR_GR && wa < ADDR_GR + 4 * NWORDS)
                 args[wa_word] <= (args[wa_word] & ~wmask) | (w_data & wmask);
+            if (do_write && !wa_high && wa_in_x)
+                xargs[wa_x] <= (xargs[wa_x] & ~wmask) | (w_data & wmask);
 
             // control: core events take priority over a host clear in the same cycle
             if (ap_ready)
@@ -282,6 +313,11 @@ module l2l_axil_ctrl #(
     assign arg_eps             = args[(ADDR_EPS - ADDR_GR) / 4];
     assign arg_neg_step        = args[(ADDR_NEG_STEP - ADDR_GR) / 4];
     assign arg_inv_scale       = args[(ADDR_INV_SCALE - ADDR_GR) / 4];
+    assign arg_pass            = xargs[(LAMB_ADDR_PASS - LAMB_ADDR_PASS) / 4];
+    assign arg_seg             = {xargs[(LAMB_ADDR_SEG - LAMB_ADDR_PASS) / 4 + 1], xargs[(LAMB_ADDR_SEG - LAMB_ADDR_PASS) / 4]};
+    assign arg_sums            = {xargs[(LAMB_ADDR_SUMS - LAMB_ADDR_PASS) / 4 + 1], xargs[(LAMB_ADDR_SUMS - LAMB_ADDR_PASS) / 4]};
+    assign arg_steps           = {xargs[(LAMB_ADDR_STEPS - LAMB_ADDR_PASS) / 4 + 1], xargs[(LAMB_ADDR_STEPS - LAMB_ADDR_PASS) / 4]};
+    assign arg_nseg            = xargs[(LAMB_ADDR_NSEG - LAMB_ADDR_PASS) / 4];
 
 endmodule
 

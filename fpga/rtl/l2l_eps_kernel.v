@@ -72,7 +72,8 @@ module l2l_eps_kernel #(
     parameter LANES   = 16,   // elements per beat, a power of two, 1 .. 16
     parameter GDTYPE  = 0,    // gradient dtype: 0 fp32, 1 bf16, 2 fp16
     parameter CDTYPE  = 0,    // device copy dtype: 0 fp32, 1 bf16, 2 fp16
-    parameter OPTIMIZER = 0,  // the update: 0 AdamW (eps_update_<g>_<c>), 1 Lion (eps_lion_<g>_<c>)
+    parameter OPTIMIZER = 0,  // the update: 0 AdamW (eps_update_<g>_<c>), 1 Lion (eps_lion_<g>_<c>),
+                              // 2 LAMB (eps_lamb_<g>_<c>: both passes, fpga/ARGS.md "LAMB")
     parameter BURST   = 64,   // beats per AXI burst at most (power of two, BURST * beat bytes <= 4096)
     parameter BLOCK   = 64,   // beats per reducer segment (the accumulator's size)
     parameter RD_FIFO = 256,  // read buffer per port in beats (power of two >= BURST)
@@ -298,12 +299,13 @@ module l2l_eps_kernel #(
     localparam SEG  = BLOCK * LANES;              // elements per reducer segment
     localparam [31:0] SEG_B  = SEG << GEBL;       // gradient bytes per segment (< 2^23)
     localparam [31:0] FL_MSK = BB - 4;            // the flag word's byte offset bits in a beat
+    localparam        LAMB   = (OPTIMIZER == 2);  // two passes, chosen by the pass register
 
     initial begin
         if (LANES < 1 || LANES > 16 || (LANES & (LANES - 1)) != 0 ||
-            GDTYPE < 0 || GDTYPE > 2 || CDTYPE < 0 || CDTYPE > 2 || OPTIMIZER < 0 || OPTIMIZER > 1 ||
+            GDTYPE < 0 || GDTYPE > 2 || CDTYPE < 0 || CDTYPE > 2 || OPTIMIZER < 0 || OPTIMIZER > 2 ||
             BURST < 1 || BURST > 256 || (BURST & (BURST - 1)) != 0 || BURST * BB > 4096 ||
-            BLOCK < 1 || BLOCK > 65536 ||
+            BLOCK < 1 || BLOCK > 65536 || (OPTIMIZER == 2 && C_S_AXI_CONTROL_ADDR_WIDTH < 8) ||
             RD_FIFO < BURST || RD_FIFO < 2 || (RD_FIFO & (RD_FIFO - 1)) != 0 ||
             WR_FIFO < BURST || WR_FIFO < 2 || (WR_FIFO & (WR_FIFO - 1)) != 0 ||
             C_M_AXI_GR_DATA_WIDTH != GW * LANES || C_M_AXI_DATA_WIDTH != DW ||
@@ -328,7 +330,8 @@ module l2l_eps_kernel #(
                     (m_axi_p_bvalid    && m_axi_p_bready    && m_axi_p_bresp[1])    ||
                     (m_axi_m_bvalid    && m_axi_m_bready    && m_axi_m_bresp[1])    ||
                     (m_axi_v_bvalid    && m_axi_v_bready    && m_axi_v_bresp[1])    ||
-                    (m_axi_copy_bvalid && m_axi_copy_bready && m_axi_copy_bresp[1]);
+                    (m_axi_copy_bvalid && m_axi_copy_bready && m_axi_copy_bresp[1]) ||
+                    (LAMB && m_axi_copy_rvalid && m_axi_copy_rready && m_axi_copy_rresp[1]);  // LAMB's seg
     reg  dma_err;                  // sticky for a run: cleared when the next one starts
     wire dma_err_now = dma_err || resp_err;
 
@@ -338,8 +341,11 @@ module l2l_eps_kernel #(
     wire [63:0] a_gr, a_p, a_m, a_v, a_copy, a_finite;
     wire [31:0] a_n, a_k, a_n_decay, a_decay, a_b1, a_omb1, a_b2, a_omb2, a_inv_bc2_sqrt, a_eps, a_neg_step,
                 a_inv_scale;
+    // LAMB's words (0x74 on): the register file holds them only when OPTIMIZER = 2
+    wire [31:0] a_pass, a_nseg;
+    wire [63:0] a_seg, a_sums, a_steps;
 
-    l2l_axil_ctrl #(.ADDR_W(C_S_AXI_CONTROL_ADDR_WIDTH)) u_ctrl (
+    l2l_axil_ctrl #(.ADDR_W(C_S_AXI_CONTROL_ADDR_WIDTH), .LAMB(LAMB ? 1 : 0)) u_ctrl (
         .clk(ap_clk), .rst(rst),
         .s_axi_control_awaddr(s_axi_control_awaddr), .s_axi_control_awvalid(s_axi_control_awvalid),
         .s_axi_control_awready(s_axi_control_awready), .s_axi_control_wdata(s_axi_control_wdata),
@@ -355,11 +361,13 @@ module l2l_eps_kernel #(
         .arg_gr(a_gr), .arg_p(a_p), .arg_m(a_m), .arg_v(a_v), .arg_copy(a_copy), .arg_finite(a_finite),
         .arg_n(a_n), .arg_k(a_k), .arg_n_decay(a_n_decay), .arg_decay(a_decay), .arg_b1(a_b1), .arg_omb1(a_omb1), .arg_b2(a_b2),
         .arg_omb2(a_omb2), .arg_inv_bc2_sqrt(a_inv_bc2_sqrt), .arg_eps(a_eps), .arg_neg_step(a_neg_step),
-        .arg_inv_scale(a_inv_scale));
+        .arg_inv_scale(a_inv_scale),
+        .arg_pass(a_pass), .arg_seg(a_seg), .arg_sums(a_sums), .arg_steps(a_steps), .arg_nseg(a_nseg));
 
     // ------------------------------------------------------------ run state
     localparam [2:0] S_IDLE = 3'd0, S_CHECK = 3'd1, S_SAMPLE = 3'd2, S_FLAG = 3'd3,
-                     S_UPDATE = 3'd4, S_DONE = 3'd5;
+                     S_UPDATE = 3'd4, S_DONE = 3'd5,
+                     S_GO = 3'd6;      // LAMB's step pass, arguments latched: its commands next
     reg  [2:0]  state;
 
     // arguments, latched when the run starts (ap_ready: the host may write the next ones)
@@ -375,13 +383,20 @@ module l2l_eps_kernel #(
     /* verilator lint_off UNUSEDSIGNAL */
     reg  [63:0] r_v;
     reg  [31:0] r_eps, r_neg_step;
+    // LAMB's pass (1 when the pass register is 2, the step pass), buffers and segment count:
+    // only the LAMB kernel (OPTIMIZER = 2) reads them
+    reg         r_pass2;
+    reg  [63:0] r_seg, r_sums, r_steps;
+    reg  [31:0] r_nseg;
     /* verilator lint_on UNUSEDSIGNAL */
+    wire        lamb1 = LAMB && !r_pass2;     // the LAMB kernel's norms pass
+    wire        lamb2 = LAMB && r_pass2;      // its step pass: no gradients, no check, no flag
 
     assign ap_ready = (state == S_IDLE) && ap_start;
     assign ap_idle  = (state == S_IDLE);
     assign ap_done  = (state == S_DONE);
 
-    wire k_ok = (a_k != 0) && (a_k <= 255);
+    wire k_ok = (a_k != 0) && (a_k <= 255) && (!LAMB || a_pass == 32'd1);   // LAMB: pass 1 here
 
     // ------------------------------------------------------------ gradient segments
     // for each block b, for each contribution c: elements [c*n + b*SEG, + min(SEG, n - b*SEG))
@@ -393,6 +408,8 @@ module l2l_eps_kernel #(
     wire [31:0] gen_len = (gen_left < SEG) ? gen_left : SEG;
     wire        gr_cmd_ready;
     wire        gen_take = gen_active && gr_cmd_ready;
+    reg         rd_cmd_st;         // LAMB's step pass: the step sizes, on gr's port (idle then)
+    wire [31:0] st_len = (GDTYPE == 0) ? r_nseg : (r_nseg << 1);   // in gradient elements
     reg         gen_start;         // pulse: a pass over the gradients begins (arguments latched)
 
     always @(posedge ap_clk) begin
@@ -432,7 +449,8 @@ module l2l_eps_kernel #(
     /* verilator lint_off PINCONNECTEMPTY */
     l2l_axi_rd #(.LANES(LANES), .EW(GW), .BURST(BURST), .FIFO_DEPTH(RD_FIFO)) u_rd_gr (
         .clk(ap_clk), .rst(rst),
-        .cmd_valid(gen_active), .cmd_ready(gr_cmd_ready), .cmd_addr(gen_seg), .cmd_len(gen_len),
+        .cmd_valid(gen_active || rd_cmd_st), .cmd_ready(gr_cmd_ready),
+        .cmd_addr(gen_active ? gen_seg : r_steps), .cmd_len(gen_active ? gen_len : st_len),
         .m_axis_tdata(gr_tdata), .m_axis_tkeep(gr_tkeep), .m_axis_tlast(gr_tlast),
         .m_axis_tvalid(gr_tvalid), .m_axis_tready(gr_tready), .idle(),
         .m_axi_arid(m_axi_gr_arid), .m_axi_araddr(m_axi_gr_araddr), .m_axi_arlen(m_axi_gr_arlen),
@@ -446,14 +464,21 @@ module l2l_eps_kernel #(
     reg                 rd_cmd_p, rd_cmd_m, rd_cmd_v;     // command pending
     wire                rd_rdy_p, rd_rdy_m, rd_rdy_v;
     wire [DW-1:0]       p_tdata, m_tdata;
+    // p's tlast and the reduced g's tkeep: the AdamW and Lion datapaths' (LAMB counts, and takes p's keep)
+    /* verilator lint_off UNUSEDSIGNAL */
     wire                p_tlast;
+    /* verilator lint_on UNUSEDSIGNAL */
+    // p's lanes in the beat: the LAMB datapath's keep (its step pass has no reduced g)
+    /* verilator lint_off UNUSEDSIGNAL */
+    wire [LANES-1:0]    p_tkeep;
+    /* verilator lint_on UNUSEDSIGNAL */
     wire                p_tvalid, m_tvalid, v_tvalid;
     wire                join_fire;
 
     l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_p (
         .clk(ap_clk), .rst(rst),
         .cmd_valid(rd_cmd_p), .cmd_ready(rd_rdy_p), .cmd_addr(r_p), .cmd_len(r_n),
-        .m_axis_tdata(p_tdata), .m_axis_tkeep(), .m_axis_tlast(p_tlast),
+        .m_axis_tdata(p_tdata), .m_axis_tkeep(p_tkeep), .m_axis_tlast(p_tlast),
         .m_axis_tvalid(p_tvalid), .m_axis_tready(join_fire), .idle(),
         .m_axi_arid(m_axi_p_arid), .m_axi_araddr(m_axi_p_araddr), .m_axi_arlen(m_axi_p_arlen),
         .m_axi_arsize(m_axi_p_arsize), .m_axi_arburst(m_axi_p_arburst), .m_axi_arvalid(m_axi_p_arvalid),
@@ -475,17 +500,21 @@ module l2l_eps_kernel #(
 
     // ------------------------------------------------------------ reducer
     wire [DW-1:0]    g_tdata;
+    /* verilator lint_off UNUSEDSIGNAL */
     wire [LANES-1:0] g_tkeep;
+    /* verilator lint_on UNUSEDSIGNAL */
     wire             g_tvalid, g_tready;
     wire             red_finite;
     reg              flag_clear;
+    wire             red_in_ready, st_in_ready;   // the gradient stream's two consumers
+    assign gr_tready = lamb2 ? st_in_ready : red_in_ready;
 
     // tlast and latency left open (see the read engines above)
     /* verilator lint_off PINCONNECTEMPTY */
     l2l_eps_reduce #(.LANES(LANES), .GDTYPE(GDTYPE), .BLOCK(BLOCK)) u_reduce (
         .clk(ap_clk), .rst(rst), .inv_scale(r_inv_scale), .k(r_k),
         .s_axis_tdata(gr_tdata), .s_axis_tkeep(gr_tkeep), .s_axis_tlast(gr_tlast),
-        .s_axis_tvalid(gr_tvalid), .s_axis_tready(gr_tready),
+        .s_axis_tvalid(gr_tvalid && !lamb2), .s_axis_tready(red_in_ready),
         .m_axis_tdata(g_tdata), .m_axis_tkeep(g_tkeep), .m_axis_tlast(),
         .m_axis_tvalid(g_tvalid), .m_axis_tready(g_tready),
         .flag_clear(flag_clear), .finite(red_finite), .latency());
@@ -496,7 +525,7 @@ module l2l_eps_kernel #(
     wire        in_check = (state == S_CHECK);
     wire        chk_beat = in_check && g_tvalid;
     wire        ad_ready;
-    wire        all_in   = g_tvalid && p_tvalid && m_tvalid && v_tvalid;
+    wire        all_in   = (g_tvalid || lamb2) && p_tvalid && m_tvalid && v_tvalid;
     assign join_fire = (state == S_UPDATE) && all_in && ad_ready;
     assign g_tready  = in_check || join_fire;
 
@@ -524,8 +553,16 @@ module l2l_eps_kernel #(
     wire [LANES-1:0]    ad_keep;
     wire                ad_valid;
     wire                wr_rdy_p, wr_rdy_m, wr_rdy_v, wr_rdy_c;    // stream side
-    wire                all_out  = wr_rdy_p && wr_rdy_m && wr_rdy_v && wr_rdy_c;
+    wire                all_out  = lamb1 ? (wr_rdy_m && wr_rdy_v) :
+                                   lamb2 ? (wr_rdy_p && wr_rdy_c) : (wr_rdy_p && wr_rdy_m && wr_rdy_v && wr_rdy_c);
     wire                out_fire = ad_valid && all_out;
+    // what each write engine takes: the datapath's beats, but for LAMB the pass's own (pass 1
+    // writes m', v' and, on p's engine, the sums; pass 2 writes p' and the copy)
+    wire [DW-1:0]       sums_tdata;
+    wire                sums_tvalid;
+    wire                wv_p = lamb1 ? sums_tvalid : out_fire;
+    wire                wv_m = lamb2 ? 1'b0 : out_fire;
+    wire                wv_c = lamb1 ? 1'b0 : out_fire;
 
     // operand isolation: during the check pass the reducer's output does not toggle the
     // datapath (dynamic power; it is not sampled there anyway)
@@ -534,6 +571,12 @@ module l2l_eps_kernel #(
     // ------------------------------------------------------------ the optimizer's datapath
     // and v's engines: AdamW's (OPTIMIZER = 0, the kernel as it was) or Lion's, with v tied off
     reg  wr_cmd_p, wr_cmd_m, wr_cmd_v, wr_cmd_c;                   // command pending
+    reg  rd_cmd_seg;                                               // LAMB: the segment ends
+    wire seg_cmd_ready;
+    // LAMB: a run begins (a pulse only the LAMB datapath takes)
+    /* verilator lint_off UNUSEDSIGNAL */
+    reg  lamb_start;
+    /* verilator lint_on UNUSEDSIGNAL */
     wire wc_rdy_p, wc_rdy_m, wc_rdy_v, wc_rdy_c;
     wire wr_idle_p, wr_idle_m, wr_idle_v, wr_idle_c;
 
@@ -580,7 +623,7 @@ module l2l_eps_kernel #(
                 .m_axi_wlast(m_axi_v_wlast), .m_axi_wvalid(m_axi_v_wvalid), .m_axi_wready(m_axi_v_wready),
                 .m_axi_bid(m_axi_v_bid), .m_axi_bresp(m_axi_v_bresp), .m_axi_bvalid(m_axi_v_bvalid),
                 .m_axi_bready(m_axi_v_bready));
-        end else begin : g_lion
+        end else if (OPTIMIZER == 1) begin : g_lion
             // Lion's scalars are the words from 0x4C in LionScalars order: decay, b1, omb1, b2,
             // omb2 in AdamW's words, neg_lr in AdamW's inv_bc2_sqrt word (0x60), inv_scale in its
             // eps word (0x64; r_inv_scale, the reducer's)
@@ -623,6 +666,84 @@ module l2l_eps_kernel #(
             assign m_axi_v_arburst = 2'b01;
             assign m_axi_v_arvalid = 1'b0;
             assign m_axi_v_rready  = 1'b1;
+        end else begin : g_lamb
+            // LAMB's nine scalars are the words from 0x4C in LambScalars order: b1 .. wd in
+            // AdamW's decay .. neg_step words, inv_scale in AdamW's (0x6C, r_inv_scale)
+            wire [DW-1:0]       v_tdata, vn;
+            wire [CW*LANES-1:0] seg_tdata;
+            wire [LANES-1:0]    seg_tkeep;
+            wire                seg_tvalid, seg_tready;
+            wire [31:0]         seg_len = (CDTYPE == 0) ? r_nseg : (r_nseg << 1);   // in copy elements
+
+            // idle, tkeep and tlast left open (see the read engines above)
+            /* verilator lint_off PINCONNECTEMPTY */
+            l2l_axi_rd #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(RD_FIFO), .REALIGN(0)) u_rd_v (
+                .clk(ap_clk), .rst(rst),
+                .cmd_valid(rd_cmd_v), .cmd_ready(rd_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
+                .m_axis_tdata(v_tdata), .m_axis_tkeep(), .m_axis_tlast(),
+                .m_axis_tvalid(v_tvalid), .m_axis_tready(join_fire), .idle(),
+                .m_axi_arid(m_axi_v_arid), .m_axi_araddr(m_axi_v_araddr), .m_axi_arlen(m_axi_v_arlen),
+                .m_axi_arsize(m_axi_v_arsize), .m_axi_arburst(m_axi_v_arburst), .m_axi_arvalid(m_axi_v_arvalid),
+                .m_axi_arready(m_axi_v_arready), .m_axi_rid(m_axi_v_rid), .m_axi_rdata(m_axi_v_rdata),
+                .m_axi_rresp(m_axi_v_rresp), .m_axi_rlast(m_axi_v_rlast), .m_axi_rvalid(m_axi_v_rvalid),
+                .m_axi_rready(m_axi_v_rready));
+
+            // the segment ends seg[1 ..], on copy's read channels (idle but for them)
+            l2l_axi_rd #(.LANES(LANES), .EW(CW), .BURST(BURST), .FIFO_DEPTH(RD_FIFO)) u_rd_seg (
+                .clk(ap_clk), .rst(rst),
+                .cmd_valid(rd_cmd_seg), .cmd_ready(seg_cmd_ready), .cmd_addr(r_seg + 64'd4), .cmd_len(seg_len),
+                .m_axis_tdata(seg_tdata), .m_axis_tkeep(seg_tkeep), .m_axis_tlast(),
+                .m_axis_tvalid(seg_tvalid), .m_axis_tready(seg_tready), .idle(),
+                .m_axi_arid(m_axi_copy_arid), .m_axi_araddr(m_axi_copy_araddr), .m_axi_arlen(m_axi_copy_arlen),
+                .m_axi_arsize(m_axi_copy_arsize), .m_axi_arburst(m_axi_copy_arburst),
+                .m_axi_arvalid(m_axi_copy_arvalid), .m_axi_arready(m_axi_copy_arready), .m_axi_rid(m_axi_copy_rid),
+                .m_axi_rdata(m_axi_copy_rdata), .m_axi_rresp(m_axi_copy_rresp), .m_axi_rlast(m_axi_copy_rlast),
+                .m_axi_rvalid(m_axi_copy_rvalid), .m_axi_rready(m_axi_copy_rready));
+            /* verilator lint_on PINCONNECTEMPTY */
+
+            l2l_eps_lamb #(.LANES(LANES), .GDTYPE(GDTYPE), .CDTYPE(CDTYPE)) u_lamb (
+                .clk(ap_clk), .rst(rst), .start(lamb_start), .pass2(r_pass2), .n(r_n),
+                .b1(r_decay), .omb1(r_b1), .b2(r_omb1), .omb2(r_b2), .inv_bc2_sqrt(r_omb2),
+                .eps(r_inv_bc2_sqrt), .inv_bc1(r_eps), .wd(r_neg_step),
+                .s_axis_g(g_iso), .s_axis_p(p_tdata), .s_axis_m(m_tdata), .s_axis_v(v_tdata),
+                .s_axis_tkeep(p_tkeep), .s_axis_decay(dmask),
+                .s_axis_tvalid((state == S_UPDATE) && all_in), .s_axis_tready(ad_ready),
+                .s_seg_tdata(seg_tdata), .s_seg_tkeep(seg_tkeep), .s_seg_tvalid(seg_tvalid),
+                .s_seg_tready(seg_tready),
+                .s_step_tdata(gr_tdata), .s_step_tkeep(gr_tkeep), .s_step_tvalid(gr_tvalid && lamb2),
+                .s_step_tready(st_in_ready),
+                .m_axis_p(pn), .m_axis_m(mn), .m_axis_v(vn), .m_axis_c(cn), .m_axis_tkeep(ad_keep),
+                .m_axis_tvalid(ad_valid), .m_axis_tready(all_out),
+                .m_sums_tdata(sums_tdata), .m_sums_tvalid(sums_tvalid), .m_sums_tready(wr_rdy_p));
+
+            l2l_axi_wr #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_v (
+                .clk(ap_clk), .rst(rst),
+                .cmd_valid(wr_cmd_v), .cmd_ready(wc_rdy_v), .cmd_addr(r_v), .cmd_len(r_n),
+                .s_axis_tdata(vn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(wv_m), .s_axis_tready(wr_rdy_v),
+                .idle(wr_idle_v),
+                .m_axi_awid(m_axi_v_awid), .m_axi_awaddr(m_axi_v_awaddr), .m_axi_awlen(m_axi_v_awlen),
+                .m_axi_awsize(m_axi_v_awsize), .m_axi_awburst(m_axi_v_awburst), .m_axi_awvalid(m_axi_v_awvalid),
+                .m_axi_awready(m_axi_v_awready), .m_axi_wdata(m_axi_v_wdata), .m_axi_wstrb(m_axi_v_wstrb),
+                .m_axi_wlast(m_axi_v_wlast), .m_axi_wvalid(m_axi_v_wvalid), .m_axi_wready(m_axi_v_wready),
+                .m_axi_bid(m_axi_v_bid), .m_axi_bresp(m_axi_v_bresp), .m_axi_bvalid(m_axi_v_bvalid),
+                .m_axi_bready(m_axi_v_bready));
+        end
+    endgenerate
+
+    // not LAMB: no sums, no step sizes, no segment ends, copy's read channels tied off
+    generate
+        if (!LAMB) begin : g_no_lamb
+            assign sums_tdata    = {DW{1'b0}};
+            assign sums_tvalid   = 1'b0;
+            assign st_in_ready   = 1'b0;
+            assign seg_cmd_ready = 1'b1;
+            assign m_axi_copy_arid    = 1'b0;
+            assign m_axi_copy_araddr  = 64'd0;
+            assign m_axi_copy_arlen   = 8'd0;
+            assign m_axi_copy_arsize  = 3'd0;
+            assign m_axi_copy_arburst = 2'b01;
+            assign m_axi_copy_arvalid = 1'b0;
+            assign m_axi_copy_rready  = 1'b1;
         end
     endgenerate
 
@@ -645,8 +766,10 @@ module l2l_eps_kernel #(
 
     l2l_axi_wr #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_p (
         .clk(ap_clk), .rst(rst),
-        .cmd_valid(wr_cmd_p), .cmd_ready(wc_rdy_p), .cmd_addr(r_p), .cmd_len(r_n),
-        .s_axis_tdata(pn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(out_fire), .s_axis_tready(wr_rdy_p),
+        .cmd_valid(wr_cmd_p), .cmd_ready(wc_rdy_p),
+        .cmd_addr(lamb1 ? r_sums : r_p), .cmd_len(lamb1 ? (r_nseg << 5) : r_n),   // 32 sums a segment
+        .s_axis_tdata(lamb1 ? sums_tdata : pn), .s_axis_tkeep(lamb1 ? {LANES{1'b1}} : ad_keep),
+        .s_axis_tvalid(wv_p), .s_axis_tready(wr_rdy_p),
         .idle(wr_idle_p),
         .m_axi_awid(pe_awid), .m_axi_awaddr(pe_awaddr), .m_axi_awlen(pe_awlen), .m_axi_awsize(pe_awsize),
         .m_axi_awburst(pe_awburst), .m_axi_awvalid(pe_awvalid), .m_axi_awready(m_axi_p_awready && !flag_phase),
@@ -674,7 +797,7 @@ module l2l_eps_kernel #(
     l2l_axi_wr #(.LANES(LANES), .EW(32), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_m (
         .clk(ap_clk), .rst(rst),
         .cmd_valid(wr_cmd_m), .cmd_ready(wc_rdy_m), .cmd_addr(r_m), .cmd_len(r_n),
-        .s_axis_tdata(mn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(out_fire), .s_axis_tready(wr_rdy_m),
+        .s_axis_tdata(mn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(wv_m), .s_axis_tready(wr_rdy_m),
         .idle(wr_idle_m),
         .m_axi_awid(m_axi_m_awid), .m_axi_awaddr(m_axi_m_awaddr), .m_axi_awlen(m_axi_m_awlen),
         .m_axi_awsize(m_axi_m_awsize), .m_axi_awburst(m_axi_m_awburst), .m_axi_awvalid(m_axi_m_awvalid),
@@ -687,7 +810,7 @@ module l2l_eps_kernel #(
     l2l_axi_wr #(.LANES(LANES), .EW(CW), .BURST(BURST), .FIFO_DEPTH(WR_FIFO)) u_wr_c (
         .clk(ap_clk), .rst(rst),
         .cmd_valid(wr_cmd_c), .cmd_ready(wc_rdy_c), .cmd_addr(r_copy), .cmd_len(r_n),
-        .s_axis_tdata(cn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(out_fire), .s_axis_tready(wr_rdy_c),
+        .s_axis_tdata(cn), .s_axis_tkeep(ad_keep), .s_axis_tvalid(wv_c), .s_axis_tready(wr_rdy_c),
         .idle(wr_idle_c),
         .m_axi_awid(m_axi_copy_awid), .m_axi_awaddr(m_axi_copy_awaddr), .m_axi_awlen(m_axi_copy_awlen),
         .m_axi_awsize(m_axi_copy_awsize), .m_axi_awburst(m_axi_copy_awburst),
@@ -708,13 +831,7 @@ module l2l_eps_kernel #(
     assign m_axi_gr_wlast   = 1'b0;
     assign m_axi_gr_wvalid  = 1'b0;
     assign m_axi_gr_bready  = 1'b1;
-    assign m_axi_copy_arid    = 1'b0;
-    assign m_axi_copy_araddr  = 64'd0;
-    assign m_axi_copy_arlen   = 8'd0;
-    assign m_axi_copy_arsize  = 3'd0;
-    assign m_axi_copy_arburst = 2'b01;
-    assign m_axi_copy_arvalid = 1'b0;
-    assign m_axi_copy_rready  = 1'b1;
+    // (copy's read channels: tied off in the optimizer's block above, but for LAMB's segment ends)
 
     // ------------------------------------------------------------ sequencer
     wire writes_idle = !wr_cmd_p && !wr_cmd_m && !wr_cmd_v && !wr_cmd_c &&
@@ -737,6 +854,9 @@ module l2l_eps_kernel #(
             wr_cmd_m   <= 1'b0;
             wr_cmd_v   <= 1'b0;
             wr_cmd_c   <= 1'b0;
+            rd_cmd_st  <= 1'b0;
+            rd_cmd_seg <= 1'b0;
+            lamb_start <= 1'b0;
             upd_started <= 1'b0;
             chk_left   <= 32'd0;
             dma_err    <= 1'b0;
@@ -753,6 +873,9 @@ module l2l_eps_kernel #(
             if (wr_cmd_m && wc_rdy_m) wr_cmd_m <= 1'b0;
             if (wr_cmd_v && wc_rdy_v) wr_cmd_v <= 1'b0;
             if (wr_cmd_c && wc_rdy_c) wr_cmd_c <= 1'b0;
+            if (rd_cmd_st && gr_cmd_ready && !gen_active) rd_cmd_st <= 1'b0;
+            if (rd_cmd_seg && seg_cmd_ready) rd_cmd_seg <= 1'b0;
+            lamb_start <= 1'b0;
             if (join_fire) begin                  // a beat went in: the next one's decay bits
                 dec_left <= dec_next;
                 dmask    <= dmask_from;
@@ -766,8 +889,14 @@ module l2l_eps_kernel #(
                     r_decay <= a_decay; r_b1 <= a_b1; r_omb1 <= a_omb1; r_b2 <= a_b2; r_omb2 <= a_omb2;
                     r_inv_bc2_sqrt <= a_inv_bc2_sqrt; r_eps <= a_eps; r_neg_step <= a_neg_step;
                     r_inv_scale <= (OPTIMIZER == 1) ? a_eps : a_inv_scale;   // 0x64 (Lion) or 0x6C
+                    r_pass2 <= (a_pass == 32'd2);
+                    r_seg   <= a_seg;  r_sums <= a_sums;  r_steps <= a_steps;  r_nseg <= a_nseg;
+                    lamb_start <= LAMB;
                     chk_left <= (a_n >> clog2(LANES)) + ((a_n & (LANES - 1)) != 0);
-                    if (k_ok && a_n != 0) begin
+                    if (LAMB && a_pass == 32'd2) begin
+                        // the step pass: no check, no flag (the host runs it after a finite pass 1)
+                        state <= (a_n != 0) ? S_GO : S_DONE;
+                    end else if (k_ok && a_n != 0) begin
                         flag_clear <= 1'b1;
                         gen_start  <= 1'b1;
                         state      <= S_CHECK;
@@ -798,7 +927,8 @@ module l2l_eps_kernel #(
                     if (fl_done) begin
                         if (fl_word[0] && !dma_err_now) begin
                             rd_cmd_p <= 1'b1; rd_cmd_m <= 1'b1; rd_cmd_v <= 1'b1;
-                            wr_cmd_p <= 1'b1; wr_cmd_m <= 1'b1; wr_cmd_v <= 1'b1; wr_cmd_c <= 1'b1;
+                            wr_cmd_p <= 1'b1; wr_cmd_m <= 1'b1; wr_cmd_v <= 1'b1; wr_cmd_c <= !LAMB;
+                            rd_cmd_seg  <= LAMB;          // LAMB's norms pass: p's engine writes the sums
                             upd_started <= 1'b0;
                             gen_start   <= 1'b1;
                             dec_left    <= r_n_decay;     // the first beat's decay bits
@@ -808,6 +938,16 @@ module l2l_eps_kernel #(
                             state <= S_DONE;
                         end
                     end
+                end
+                S_GO: begin                       // LAMB's step pass: p, m', v' in; p', copy out
+                    rd_cmd_p <= 1'b1; rd_cmd_m <= 1'b1; rd_cmd_v <= 1'b1;
+                    wr_cmd_p <= 1'b1; wr_cmd_c <= 1'b1;
+                    rd_cmd_seg  <= 1'b1;
+                    rd_cmd_st   <= 1'b1;
+                    upd_started <= 1'b0;
+                    dec_left    <= r_n_decay;
+                    dmask       <= dmask_from;
+                    state       <= S_UPDATE;
                 end
                 S_UPDATE: begin
                     upd_started <= 1'b1;          // the write commands are seen pending first
