@@ -50,6 +50,22 @@ def test_segments_are_tensors_cut_at_blocks():
     assert list(part.bounds) == [0, 70_000 - BLOCK, BLOCK] and list(part.tensor) == [1, 2]
     with pytest.raises(ValueError):
         numerics.lamb_segments([0, 100], 1000, lo=50)
+    assert numerics.lamb_segments([0], 0).count == 0                              # an entry with no elements
+    assert numerics.lamb_segments([0, 100], 2 * BLOCK, lo=BLOCK, hi=BLOCK).count == 0  # an empty slice
+
+
+def test_an_entry_with_no_elements_counts_its_steps():
+    """A tied Llama's pre stage holds no weight (the shared entry does): its LAMB update is
+    bookkeeping, not an error."""
+    srv = EagerParamServer(NumpyBackend(1), _hyper())
+    srv.add_layer(0, np.zeros(0, np.float32))
+    srv.add_layer(1, np.ones(100, np.float32))
+    for layer in (0, 1):
+        srv.gradient_inbox(layer)[...] = 0.5
+        srv.push_gradient(layer, divisor=1.0)
+    srv.synchronize()
+    assert [srv.step_count(0), srv.step_count(1)] == [1, 1]
+    srv.close()
 
 
 @pytest.mark.parametrize("n_decay", [None, 0, 300])
