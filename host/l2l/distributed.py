@@ -229,11 +229,11 @@ def _bytes(a: np.ndarray) -> torch.Tensor:
 
 class ShardCollectives:
     """What a sharded EPS asks of the machines. The update path (:meth:`to_owners`,
-    :meth:`all_finite`, :meth:`lamb_sums`) runs on the EPS worker thread, on the gradient group, entry by entry
-    in the order every machine pushes them; the copies' :meth:`gather` on the gather thread
-    (:mod:`l2l.eps.gather`), on its group, in the relay's declared order; the state path
-    (:meth:`from_owners`, :meth:`to_root`, :meth:`sum_f64`, the texts of a checkpoint) on the
-    training loop's thread, on its group.
+    :meth:`all_finite`, :meth:`lamb_sums`) runs on the EPS worker thread, on the gradient
+    group, entry by entry in the order every machine pushes them; the copies' :meth:`gather`
+    on the gather thread (:mod:`l2l.eps.gather`), on its group, in the relay's declared order;
+    the state path (:meth:`from_owners`, :meth:`to_root`, :meth:`sum_f64`, the texts of a
+    checkpoint) on the training loop's thread, on its group.
     Each wraps a failed collective into one :class:`~l2l.errors.PeerLostError` line."""
 
     def __init__(self, d: Dist) -> None:
