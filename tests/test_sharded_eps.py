@@ -126,10 +126,11 @@ CASES = {
     "opencl-offload": (2, 1, ["--steps", "2", "--eps", "opencl", "--eps-offload", "{out}-eps"]),
     # Lion: one moment per slice, in memory on one rank and in files on the other layout
     "lion-offload": (2, 1, ["--steps", "2", "--optimizer", "lion", "--lr", "1e-3", "--eps-offload", "{out}-eps"]),
-    # LAMB, held steps: a block's entry has a tensor across its two ranks' slices (its norms sum
-    # over both), the embedding lies whole on rank 0 and the head on rank 1 (the other joins the sum)
-    "lamb-strict-clip": (2, 1, ["--steps", "2", "--optimizer", "lamb", "--lr", "1e-2", "--overflow", "strict",
-                                "--clip-grad-norm", "0.5"]),
+    # LAMB on the OpenCL EPS, held steps: a block's entry has a tensor across its two ranks' slices
+    # (its norms sum over both), the embedding lies whole on rank 0 and the head on rank 1 (the
+    # other joins the sum)
+    "lamb-opencl-strict-clip": (2, 1, ["--steps", "2", "--optimizer", "lamb", "--lr", "1e-2", "--eps", "opencl",
+                                       "--overflow", "strict", "--clip-grad-norm", "0.5"]),
 }
 
 
