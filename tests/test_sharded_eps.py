@@ -126,6 +126,11 @@ CASES = {
     "opencl-offload": (2, 1, ["--steps", "2", "--eps", "opencl", "--eps-offload", "{out}-eps"]),
     # Lion: one moment per slice, in memory on one rank and in files on the other layout
     "lion-offload": (2, 1, ["--steps", "2", "--optimizer", "lion", "--lr", "1e-3", "--eps-offload", "{out}-eps"]),
+    # LAMB on the OpenCL EPS, held steps: a block's entry has a tensor across its two ranks' slices
+    # (its norms sum over both), the embedding lies whole on rank 0 and the head on rank 1 (the
+    # other joins the sum)
+    "lamb-opencl-strict-clip": (2, 1, ["--steps", "2", "--optimizer", "lamb", "--lr", "1e-2", "--eps", "opencl",
+                                       "--overflow", "strict", "--clip-grad-norm", "0.5"]),
 }
 
 
@@ -167,6 +172,18 @@ def test_a_run_saved_at_three_ranks_resumes_at_one_two_and_four(tmp_path):
         _same(_train(ranks, 12 // ranks, out, *steps, "--steps", "4", "--resume"), whole)
     _train(1, 12, tmp_path / "from-one", *steps, "--steps", "2")
     _same(_train(2, 6, tmp_path / "from-one", *steps, "--steps", "4", "--resume"), whole)
+
+
+def test_lamb_sharded_resumes_with_the_one_machine_bits(tmp_path):
+    """LAMB's eager updates at R = 2 (the norms of a tensor split between ranks summed over
+    both; a rank with no slice of an entry joining the sum), saved after step 1 and resumed
+    at R = 2: the bits of one process of 2 workers run through."""
+    lamb = ["--optimizer", "lamb", "--lr", "1e-2", "--save-every", "1"]
+    _train(2, 1, tmp_path / "sharded", *lamb, "--steps", "1")
+    resumed = _train(2, 1, tmp_path / "sharded", *lamb, "--steps", "2", "--resume")
+    one = _train(1, 2, tmp_path / "one", *lamb, "--steps", "2")
+    _same(resumed, one)
+    assert len(one["losses"]) == 2 and resumed["machines"] == [resumed["saved_digest"]]
 
 
 def _rank(rank: int, world: int, port: int, argv: list[str], fault: list[str] | None = None) -> subprocess.Popen:

@@ -229,11 +229,11 @@ def _bytes(a: np.ndarray) -> torch.Tensor:
 
 class ShardCollectives:
     """What a sharded EPS asks of the machines. The update path (:meth:`to_owners`,
-    :meth:`all_finite`) runs on the EPS worker thread, on the gradient group, entry by entry
-    in the order every machine pushes them; the copies' :meth:`gather` on the gather thread
-    (:mod:`l2l.eps.gather`), on its group, in the relay's declared order; the state path
-    (:meth:`from_owners`, :meth:`to_root`, :meth:`sum_f64`, the texts of a checkpoint) on the
-    training loop's thread, on its group.
+    :meth:`all_finite`, :meth:`lamb_sums`) runs on the EPS worker thread, on the gradient
+    group, entry by entry in the order every machine pushes them; the copies' :meth:`gather`
+    on the gather thread (:mod:`l2l.eps.gather`), on its group, in the relay's declared order;
+    the state path (:meth:`from_owners`, :meth:`to_root`, :meth:`sum_f64`, the texts of a
+    checkpoint) on the training loop's thread, on its group.
     Each wraps a failed collective into one :class:`~l2l.errors.PeerLostError` line."""
 
     def __init__(self, d: Dist) -> None:
@@ -269,6 +269,20 @@ class ShardCollectives:
         except RuntimeError as exc:
             raise _lost(f"the finite flag of entry {entry}", exc) from None
         return bool(t.item())
+
+    def lamb_sums(self, entry: int, sums: np.ndarray) -> np.ndarray:
+        """LAMB's per-segment sums of squares of every segment of the entry (float64), summed over
+        the machines, on the EPS thread's group between the two passes of an update: each
+        segment's from its owner, 0.0 from the others, so the sum is exact in any order (a
+        binary32 value, subnormals too, is a normal float64). Not booked in :attr:`sent_bytes`,
+        which counts the gradients (the planner's formula), as the finite flag is not."""
+        import torch.distributed as dist
+        t = torch.from_numpy(np.array(sums, dtype=np.float64))
+        try:
+            dist.all_reduce(t, group=self._d.grad_group)
+        except RuntimeError as exc:
+            raise _lost(f"LAMB's norms of entry {entry}", exc) from None
+        return t.numpy()
 
     def gather(self, entry: int, full: np.ndarray, bounds: list[tuple[int, int]]) -> None:
         """``full[lo:hi]`` from the owner of each slice to every machine, in place (each owner

@@ -223,11 +223,14 @@ class Segments:
 
 def lamb_segments(tensor_starts: Sequence[int], n: int, lo: int = 0, hi: int | None = None) -> Segments:
     """The segments of elements ``[lo, hi)`` (whole blocks, or the whole entry) of an entry of
-    ``n`` elements whose tensors start at ``tensor_starts`` (the layout's offsets, 0 first)."""
+    ``n`` elements whose tensors start at ``tensor_starts`` (the layout's offsets, 0 first).
+    An empty range has none (an entry with no elements; a machine's empty slice)."""
     hi = n if hi is None else hi
     starts = np.asarray(sorted(set(int(t) for t in tensor_starts)), np.int64)
     if starts.size == 0 or starts[0] != 0 or (n and starts[-1] >= n):
         raise ValueError(f"tensor starts {list(starts)} do not tile an entry of {n} elements")
+    if hi == lo:
+        return Segments(np.zeros(1, np.int64), np.zeros(0, np.int64), starts)
     cuts = np.union1d(starts, np.arange(0, n, BLOCK, dtype=np.int64))
     cuts = cuts[(cuts >= lo) & (cuts < hi)]
     if lo not in cuts:

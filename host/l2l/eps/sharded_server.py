@@ -20,6 +20,19 @@ One entry's update, on every rank's EPS thread, in the order every rank pushes:
 3. **Update**, each owner its slice, writing its slice of the device copy, which
    the gather thread of every rank reads once the update is settled.
 
+LAMB's trust ratios need norms over whole tensors, and a tensor may span slices.
+Its segments (tensors cut at every block boundary) lie wholly in one slice, so
+each owner's first pass gives the sums of its own segments, the same bits at any
+R. Between the passes every rank -- an owner from inside its backend's step, a
+rank with no slice of the entry by itself -- puts its segments' 2 x 16 lane sums
+where they sit among the entry's segments in a float64 vector of zeros, and one
+all-reduce on the update's group (exact: each element comes from one owner)
+gives every rank all of them; each folds the whole entry as one machine does
+(``numerics.lamb_steps``) and keeps its slice's step sizes. That is 256 bytes a
+segment of the entry (2 x 16 float64) in each rank's all-reduce, once per finite
+update: an all-reduce every rank joins, after the agreed flag, in push order
+(a non-finite update joins none, on every rank).
+
 Held steps (``--overflow strict``) fold and check in step 1, keep the unscaled
 fold, and agree at the commit on one vector of per-layer flags and per-block
 sums of squares (each element from one owner, the others adding 0.0: exact), so
@@ -43,11 +56,11 @@ from ..distributed import ShardCollectives
 from ..errors import UserError
 from ..hostmem import aligned_empty
 from .backend import EpsBackend
-from .contract import StepScalars
+from .contract import LambScalars, LambStep, StepScalars
 from .gather import GATHER_WINDOW, WAIT_S, CopyGather
-from .numerics import decayed_part, reduce_gradients
+from .numerics import LANES, decayed_part, lamb_segments, lamb_steps, reduce_gradients
 from .server import EagerParamServer, HostAlloc, UpdateRecord, block_sumsqs
-from .shards import ShardLayout
+from .shards import BLOCK, ShardLayout
 
 INBOX_LIMIT = 3  # gradient blocks in flight on a machine, at most (EagerParamServer.inbox_limit)
 
@@ -59,11 +72,11 @@ class ShardedParamServer(EagerParamServer):
         if {"all_reduce", "copies"} & kw.keys():
             raise UserError("a sharded EPS reduces by owner, and keeps its device copies in memory")
         super().__init__(backend, hyper, **kw)
-        if self.optimizer.name == "lamb":
-            raise UserError("--optimizer lamb runs a replicated EPS across machines (--eps-layout replicated): "
-                            "its per-tensor norms are not summed across slices yet")
         if layout.world != net.world:
             raise ValueError(f"a layout for {layout.world} ranks on {net.world} machines")
+        if self.optimizer.name == "lamb" and layout.block % BLOCK:
+            raise ValueError(f"slices of {layout.block}-element blocks would split LAMB's segments "
+                             f"(cut every {BLOCK} elements)")
         self.layout = layout
         self.net = net
         self.rank = net.rank
@@ -150,7 +163,7 @@ class ShardedParamServer(EagerParamServer):
         finite = reduce_gradients(rows, inv_scale, g) if g.size else True
         return g, finite
 
-    def _apply(self, layer: int, scalars: StepScalars) -> bool:
+    def _apply(self, layer: int, scalars: StepScalars | LambStep) -> bool:
         if self._numel[layer] == 0:
             return True
         mine = self.layout.slice_of(layer, self.rank)
@@ -164,9 +177,29 @@ class ShardedParamServer(EagerParamServer):
             g, local = self._fold(layer, scalars.inv_scale)
             finite = self.net.all_finite(layer, local)
             if finite and mine.numel:  # g is already scaled: times 1.0 is exact
-                self.backend.step(layer, [g], replace(scalars, inv_scale=np.float32(1.0)), self._copies[layer],
+                self.backend.step(layer, [g], _unscaled(scalars), self._copies[layer],
                                   n_decay=self._local_decay(layer))
+        if finite and not mine.numel and isinstance(scalars, LambStep):
+            scalars.steps(np.zeros((0, 2, LANES), np.float32))  # no slice here: it joins the owners' norms
         return finite
+
+    def _lamb_step(self, layer: int, scalars: LambScalars) -> LambStep:
+        """This rank's segments, whose fold first sums every rank's sums (:meth:`_lamb_fold`)."""
+        s = self.layout.slice_of(layer, self.rank)
+        segments = lamb_segments(self._tensor_starts[layer], self._numel[layer], s.lo, s.hi)
+        return LambStep(scalars, segments, lambda sums: self._lamb_fold(layer, scalars, s.lo, sums))
+
+    def _lamb_fold(self, layer: int, scalars: LambScalars, lo: int, sums: np.ndarray) -> np.ndarray:
+        """The step sizes of this rank's segments from ``sums``, theirs ((nseg, 2, LANES), from
+        element ``lo``): a collective of every rank, then the one-machine fold of the entry's
+        segments (its tensors' global starts, its own decay boundary)."""
+        whole = lamb_segments(self._tensor_starts[layer], self._numel[layer])
+        first = int(np.searchsorted(whole.bounds[:-1], lo))
+        here = slice(first, first + sums.shape[0])
+        vec = np.zeros((whole.count, 2, LANES), np.float64)
+        vec[here] = sums  # binary32 into float64: exact
+        total = self.net.lamb_sums(layer, vec.reshape(-1)).reshape(vec.shape)
+        return lamb_steps(total, whole, scalars, self._n_decay[layer])[here]
 
     def _held_check(self, layer: int, inv_scale: np.float32) -> tuple[bool, list[float]]:
         if self._numel[layer] == 0:
@@ -240,3 +273,10 @@ class ShardedParamServer(EagerParamServer):
                 h.update(name.encode())
                 h.update(full.tobytes())
         return self.net.agree_text(h.hexdigest() if self.rank == 0 else "")
+
+
+def _unscaled(scalars: StepScalars | LambStep):
+    """The scalars with ``inv_scale`` 1: for a gradient the fold has already scaled."""
+    if isinstance(scalars, LambStep):
+        return replace(scalars, scalars=replace(scalars.scalars, inv_scale=np.float32(1.0)))
+    return replace(scalars, inv_scale=np.float32(1.0))
