@@ -16,7 +16,9 @@ every AXI-Lite channel. Checked:
   (clear on read), and a done that arrives in the very cycle of that read is
   not lost;
 - GIE/IER/ISR: ISR bits set on ap_done / ap_ready only when enabled in IER,
-  a 1 written to an ISR bit toggles it, the interrupt line is GIE & |ISR.
+  a 1 written to an ISR bit toggles it, the interrupt line is GIE & |ISR;
+- built with LAMB = 1 (``test_lamb_words``): the LAMB kernel's five words past
+  the status register.
 """
 from __future__ import annotations
 
@@ -216,3 +218,44 @@ async def test_event_during_read(dut):
         assert await manual_read(dut, REG_CTRL, pulse=event) & bit == 0
         assert await manual_read(dut, REG_CTRL) & bit == bit, f"{event} lost when it came with the read"
         assert await manual_read(dut, REG_CTRL) & bit == 0, f"{event} not cleared by the read"
+
+
+@cocotb.test()
+async def test_lamb_words(dut):
+    """A register file built with LAMB = 1 (the LAMB kernel's): pass, seg, sums, steps, nseg past the
+    status register (the LAMB_ADDR_* localparams) hold what was written, byte strobes honoured,
+    drive their ports; the AdamW words and the read-only status are as before; 0x94 on is
+    unmapped."""
+    import re
+    from tb_eps_kernel import RTL
+
+    tb = TB(dut, int(os.environ.get("L2L_CTRL_SEED", "1")) + 2)
+    await tb.reset()
+    src = (RTL / "l2l_axil_ctrl.v").read_text()
+    lamb = {name.lower(): int(off, 16)
+            for name, off in re.findall(r"localparam\s*\[7:0\]\s*LAMB_ADDR_(\w+)\s*=\s*8'h([0-9A-Fa-f]+)", src)}
+    assert list(lamb) == ["pass", "seg", "sums", "steps", "nseg"] and lamb["pass"] == REG_STATUS + 4
+    wide = ("seg", "sums", "steps")
+    want = {name: tb.rng.getrandbits(64 if name in wide else 32) for name in lamb}
+    others = {name: tb.rng.getrandbits(64 if name in BUFFERS else 32) for name in ARG_NAMES}
+    for regs, vals in ((lamb, want), (tb.regs, others)):
+        for name, value in vals.items():
+            await tb.axil.write_dword(regs[name], value & 0xFFFF_FFFF)
+            if name in wide or name in BUFFERS:
+                await tb.axil.write_dword(regs[name] + 4, value >> 32)
+    await tb.axil.write(lamb["sums"] + 5, b"\xab")                      # one byte of a high word
+    want["sums"] = (want["sums"] & ~(0xFF << 40)) | (0xAB << 40)
+    for name, value in want.items():
+        assert tb.port(name) == value, name
+        assert await tb.axil.read_dword(lamb[name]) == value & 0xFFFF_FFFF, name
+        if name in wide:
+            assert await tb.axil.read_dword(lamb[name] + 4) == value >> 32, name
+    for name, value in others.items():
+        assert tb.port(name) == value, name
+    await tb.axil.write_dword(REG_STATUS, 0xFFFF_FFFF)
+    assert await tb.axil.read_dword(REG_STATUS) == 0
+    for addr in (lamb["nseg"] + 4, 0xFC):
+        await tb.axil.write_dword(addr, 0xFFFF_FFFF)
+        assert await tb.axil.read_dword(addr) == 0, hex(addr)
+    for name, value in want.items():
+        assert tb.port(name) == value, name

@@ -25,9 +25,10 @@ tensor starts.
 cocotb tests (selected by tests/test_rtl_lamb.py):
 
 - ``lamb_cases``: ``$L2L_KERNEL_CASES`` (JSON list of {kind, n, K, starts, steps,
-  gr_off, then, n_decay, wd}; kinds of sim/eps_vectors.py, their p, m, v and
-  contributions with LAMB's scalars at step t), several steps each on the state
-  in device memory.
+  gr_off, then, n_decay, wd, zero}; kinds of sim/eps_vectors.py, their p, m, v and
+  contributions with LAMB's scalars at step t; ``zero``: [lo, hi) elements whose
+  p, m, v and gradients are +0, an all-zero tensor when it is one), several steps
+  each on the state in device memory.
 - ``lamb_edge_args``: n = 0 (pass 1: flag 1, nothing else; pass 2: nothing),
   k = 0, k = 256 and a pass register of 0 or 3 (flag 0, nothing else).
 - ``lamb_throughput``: memory that never pauses; elements per clock of each pass
@@ -224,11 +225,17 @@ async def lamb_cases(dut):
         seg = numerics.lamb_segments(spec.get("starts", [0]), n)
         lay = tb.lamb_layout(n, K, seg.count, gr_off)
         first = ev.make_case(kind, tb.nprng, n, K, tb.gdtype)
+        zlo, zhi = spec.get("zero", (0, 0))
+        for a in (first.p, first.m, first.v):
+            a[zlo:zhi] = 0.0
         tb.write_state(lay, first.p, first.m, np.abs(first.v))
         for step in range(steps):
             case = first if step == 0 else ev.make_case(spec.get("then", kind), tb.nprng, n, K, tb.gdtype)
             n_decay = int(spec.get("n_decay", n))
-            u = LambUpdate([case.grad_words(i) for i in range(K)],
+            grads = [case.grad_words(i) for i in range(K)]
+            for w in grads:
+                w[zlo:zhi] = 0
+            u = LambUpdate(grads,
                            lamb_scalars(case, 3 + step, float(spec.get("wd", 0.01))), seg, n_decay)
             what = f"lamb {kind} n={n} K={K} starts={spec.get('starts', [0])} n_decay={n_decay} step {step + 1}"
             finite, c1, c2 = await tb.update(lay, u, what)

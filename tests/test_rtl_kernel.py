@@ -77,7 +77,13 @@ def cases(*specs: dict) -> str:
 @pytest.mark.heavy
 def test_control_registers():
     rtl_runner.run("l2l_axil_ctrl", rtl_runner.rtl("l2l_axil_ctrl.v"), "tb_axil_ctrl",
-                   env={"L2L_CTRL_SEED": "1"})
+                   env={"L2L_CTRL_SEED": "1"}, testcase=["test_arguments", "test_handshake_and_interrupts", "test_event_during_read"])
+
+
+def test_control_registers_of_the_lamb_kernel():
+    """The register file built with LAMB = 1: its five words past the status register."""
+    rtl_runner.run("l2l_axil_ctrl", rtl_runner.rtl("l2l_axil_ctrl.v"), "tb_axil_ctrl", parameters={"LAMB": 1},
+                   env={"L2L_CTRL_SEED": "1"}, testcase=["test_lamb_words", "test_handshake_and_interrupts"])
 
 
 # (LANES, element bits, BURST, read/write buffer depth, check the rate)

@@ -1,6 +1,7 @@
-"""The RTL EPS's LAMB first pass (fpga/rtl/l2l_eps_lamb_norms.v, l2l_eps_lamb_lane.v,
-l2l_eps_lamb_acc.v) bit for bit against the golden model ``l2l.eps.numerics.lamb_norms``,
-through cocotb (sim/tb_eps_lamb.py).
+"""The RTL EPS's LAMB: its two passes' datapaths (fpga/rtl/l2l_eps_lamb_norms.v,
+l2l_eps_lamb_lane.v, l2l_eps_lamb_acc.v, l2l_eps_lamb_apply.v) and the kernel built for it
+(l2l_eps_kernel.v, OPTIMIZER = 2), bit for bit against the golden model
+(``l2l.eps.numerics``), through cocotb.
 
 - ``test_lamb_norms``: segments of 1, 15, 16, 17, 1000 and 37 elements (ragged tails),
   one all-zero tensor, n_decay at 0, inside a segment, on a segment boundary, at n; a
@@ -12,8 +13,11 @@ through cocotb (sim/tb_eps_lamb.py).
   sim/tb_eps_lamb_apply.py) against ``numerics.lamb_apply`` at LANES 1, 4, 3 with each copy
   dtype: p' and the copy of every element, segment boundaries inside beats, the host fold's
   step sizes and random ones (zeros of both signs, tiny, huge), decay boundaries.
+- ``test_lamb_kernel_*`` and the trace replay: the LAMB kernel (``l2l_eps_kernel`` with OPTIMIZER = 2,
+  sim/tb_eps_lamb_kernel.py): both passes through AXI with the host's fold between them;
+  its register map, ``fpga/ARGS.md`` and ``kernel_lamb.xml``; lint at its corners.
 
-About a minute of CPU in all (Icarus).
+About three minutes of CPU in all (Icarus).
 """
 from __future__ import annotations
 
@@ -117,20 +121,22 @@ def kernel_cases(*specs: dict) -> str:
 
 
 @needs_sim
+@pytest.mark.heavy
 def test_lamb_kernel_lanes4_bf16():
     """LANES = 4, bf16 gradients and copy, 8-beat bursts and blocks, random AXI pauses: segments
     of 1, 2, 3 elements (several ends in one beat), boundaries inside beats and on beat, burst
     and block edges, a 301-element layer ending mid-beat, K = 1 and 2 (gradients mid-beat),
     three steps on one state, a NaN gradient (flag 0, nothing written, not even the sums) then a
-    finite step, zero weight decay (no trust ratio), decay boundaries at 0, inside a segment and
-    above n; n = 0, k = 0 / 256 and a bad pass register; the rate of both passes."""
+    finite step, an all-zero tensor (its norms 0: trust ratio 1, its m, v, p stay 0), zero weight
+    decay (no trust ratio), decay boundaries at 0, inside a segment and above n; n = 0, k = 0 / 256 and a bad pass register; the rate of both passes."""
     report = ROOT / "sim" / "build" / f"lamb-rate-{os.getpid()}.json"
     run_lamb_kernel(["lamb_cases", "lamb_edge_args", "lamb_throughput"], lanes=4, gdtype="bf16", cdtype="bf16",
                     burst=8, block=8, L2L_KERNEL_SEED=51, L2L_KERNEL_RATE_N=1024, L2L_KERNEL_RATE_SEG=256,
                     L2L_KERNEL_REPORT=report, L2L_KERNEL_CASES=kernel_cases(
                         {"kind": "train", "n": 1, "K": 1},
                         {"kind": "train", "n": 13, "K": 2, "gr_off": 1, "starts": [0, 1, 3, 6, 7, 8], "n_decay": 7},
-                        {"kind": "wide", "n": 37, "K": 1, "starts": [0, 5, 21, 32], "steps": 3, "n_decay": 21},
+                        {"kind": "wide", "n": 37, "K": 1, "starts": [0, 5, 21, 32], "steps": 3, "n_decay": 21,
+                         "zero": [5, 21]},                                   # an all-zero tensor
                         {"kind": "nonfinite-nan", "n": 9, "K": 2, "starts": [0, 4], "steps": 2, "then": "train"},
                         {"kind": "train", "n": 301, "K": 2, "gr_off": 2, "starts": [0, 31, 32, 64, 100, 297],
                          "n_decay": 300, "wd": 0.0},
@@ -209,6 +215,7 @@ def test_recorded_lamb_trace_is_what_the_numpy_eps_did(tmp_path):
 
 
 @needs_sim
+@pytest.mark.heavy
 def test_lamb_trace_replay_bf16_two_workers_with_skip(tmp_path):
     """A LAMB run: bf16 gradients and copy, two data-parallel workers (K = 2), 3 steps of a
     d_model = 2 GPT (the block's tensors are segments of 2 to 16 elements, several ending in one

@@ -84,6 +84,8 @@ UNITS = [
     Unit("cvt_fp32_to_fp16", "l2l_cvt_fp32_to_fp16"),
     Unit("adamw", "l2l_eps_adamw", {"LANES": 1, "CDTYPE": 0}),
     Unit("lion", "l2l_eps_lion", {"LANES": 1, "CDTYPE": 0}),
+    Unit("lamb_norms", "l2l_eps_lamb_norms"),
+    Unit("lamb_apply", "l2l_eps_lamb_apply", {"LANES": 1, "CDTYPE": 0}),
 ]
 BY_KEY = {u.key: u for u in UNITS}
 
