@@ -30,8 +30,15 @@
 // address word at 0x28 stays and is ignored, and Lion's seven scalars
 // (LionScalars order) take the words from 0x4C on: decay .. omb2 where AdamW
 // has them, neg_lr at 0x60, inv_scale at 0x64 (0x68, 0x6C ignored) -- and the
-// same ports, m_axi_v tied off (no request is ever made on it). With
-// OPTIMIZER = 0 the logic is the AdamW kernel's as it was.
+// same ports, m_axi_v tied off (no request is ever made on it). 2 is LAMB
+// (l2l_eps_lamb, state p, m, v): two launches an update, chosen by a pass
+// register past the status word (with the segment bounds, sums, step sizes and
+// segment count: fpga/ARGS.md "LAMB"). Pass 1 is the run above with LAMB's
+// norm pass as the update (m', v' written, p only read, each segment's sums
+// written through p's write engine, the segment ends read on copy's idle read
+// channels); pass 2 has no check and no flag: p, m', v' and the step sizes
+// (on gr's port) in, p' and the copy out. With OPTIMIZER = 0 the logic is the
+// AdamW kernel's as it was.
 //
 // Memory errors: every read and write response on the five masters is
 // watched. One that is SLVERR or DECERR sets the status register's
@@ -569,7 +576,8 @@ module l2l_eps_kernel #(
     wire [DW-1:0] g_iso = (state == S_UPDATE) ? g_tdata : {DW{1'b0}};
 
     // ------------------------------------------------------------ the optimizer's datapath
-    // and v's engines: AdamW's (OPTIMIZER = 0, the kernel as it was) or Lion's, with v tied off
+    // and v's engines: AdamW's (OPTIMIZER = 0, the kernel as it was), Lion's (v tied off) or
+    // LAMB's (with its segment ends on copy's read channels)
     reg  wr_cmd_p, wr_cmd_m, wr_cmd_v, wr_cmd_c;                   // command pending
     reg  rd_cmd_seg;                                               // LAMB: the segment ends
     wire seg_cmd_ready;

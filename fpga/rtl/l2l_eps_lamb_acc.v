@@ -5,17 +5,23 @@
 // from +0, acc_j <- acc_j + x, one rounded addition each).
 //
 // Why a ring: the adder's result for element k is needed again by element
-// k + 16 of the segment, at least 16 ce-cycles later; with the adder's latency
-// LA <= 16 the result is back in the ring by then (at LA = 16 through the
-// write-back bypass), so the adder takes one element every clock. The first
-// 16 elements of a segment add to +0 (one real addition: +0 + x rounds as the
-// contract's does, a -0 becoming +0).
+// k + 16 of the segment, at least 16 ce-cycles later; the operand is chosen
+// (the ring's lane, or +0) and registered one clock before the adder, so with
+// the adder's latency LA <= 15 the result is back in the ring by then (at
+// LA = 15 through the write-back bypass), and the adder takes one element
+// every clock. The first 16 elements of a segment add to +0 (one real
+// addition: +0 + x rounds as the contract's does, a -0 becoming +0).
+//
+// Why the operand register: the lane select (a 16:1 mux of 32 bits behind the
+// first-element test) in the same clock as the adder's first stage was the
+// longest path of the LAMB datapath on the ECP5 (80 MHz, fpga/rtl/README.md).
 //
 // in_first marks a segment's first element (the lane count restarts at 0),
 // in_last its last one. When the last element's sum leaves the adder, the 16
 // accumulators -- lanes the segment never reached (segments shorter than 16)
 // as +0 -- are copied, lane j in bits [32j +: 32], to the sums register and
-// sums_valid rises; it falls when sums_ready is high. The next segment's first
+// sums_valid rises (LA + 1 ce-cycles after that element came in); it falls
+// when sums_ready is high. The next segment's first
 // write-back comes at least one ce-cycle later, so segments can follow back to
 // back; but the caller must hold ce low while sums_valid is high (the register
 // is the only copy): l2l_eps_lamb_norms has ce = skid empty AND NOT sums_valid,
@@ -31,7 +37,7 @@ module l2l_eps_lamb_acc (
     input  wire          in_first,    // first element of a segment
     input  wire          in_last,     // last element of a segment
     input  wire [31:0]   in_x,
-    output reg           sums_valid,  // rises LA ce-cycles after the segment's last element
+    output reg           sums_valid,  // rises LA + 1 ce-cycles after the segment's last element
     output reg  [511:0]  sums,        // lane j at [32j +: 32]
     input  wire          sums_ready   // sums taken (ce must be low while sums_valid)
 );
@@ -39,8 +45,8 @@ module l2l_eps_lamb_acc (
     localparam LA = `L2L_FP32_ADD_LAT;
 
     initial begin
-        if (LA > 16) begin
-            $error("l2l_eps_lamb_acc: adder latency %0d > 16 (the ring has 16 lanes)", LA);
+        if (LA > 15) begin
+            $error("l2l_eps_lamb_acc: adder latency %0d > 15 (the ring has 16 lanes, one clock is the operand's)", LA);
             $finish;
         end
     end
@@ -60,12 +66,29 @@ module l2l_eps_lamb_acc (
     wire [3:0]  wb_j;
     wire        wb_last;
 
-    wire [31:0] ring = (wb_valid && wb_j == j) ? wb_y : acc[j];   // bypass: LA = 16
+    wire [31:0] ring = (wb_valid && wb_j == j) ? wb_y : acc[j];   // bypass: LA = 15
     wire [31:0] a    = wrap ? ring : 32'h00000000;
 
-    l2l_fp32_add u_add (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(a), .b(in_x), .sub(1'b0),
+    // the operand, the element and its lane, registered in front of the adder
+    reg         op_valid, op_last;
+    reg  [3:0]  op_j;
+    reg  [31:0] op_a, op_x;
+    always @(posedge clk) begin
+        if (rst) begin
+            op_valid <= 1'b0;
+        end else if (ce) begin
+            op_valid <= in_valid;
+            op_last  <= in_last;
+            op_j     <= j;
+            op_a     <= a;
+            op_x     <= in_x;
+        end
+    end
+
+    l2l_fp32_add u_add (.clk(clk), .rst(rst), .ce(ce), .in_valid(op_valid), .a(op_a), .b(op_x), .sub(1'b0),
                         .out_valid(wb_valid), .y(wb_y));
-    l2l_delay #(.WIDTH(5), .DEPTH(LA)) d_j (.clk(clk), .rst(rst), .ce(ce), .d({in_last, j}), .q({wb_last, wb_j}));
+    l2l_delay #(.WIDTH(5), .DEPTH(LA)) d_j (.clk(clk), .rst(rst), .ce(ce), .d({op_last, op_j}),
+                                           .q({wb_last, wb_j}));
 
     always @(posedge clk) begin
         if (rst) begin

@@ -24,7 +24,7 @@
 //
 // Latency: the elements leave LAT = 5*MUL + 3*ADD + SQRT + DIV
 // ce-cycles after they enter (118 at the current l2l_fp_latency.vh, the
-// LATENCY output); a segment's sums ADD (7) ce-cycles after its last element.
+// LATENCY output); a segment's sums ADD + 1 (8) ce-cycles after its last element.
 `default_nettype none
 `include "l2l_fp_latency.vh"
 
