@@ -26,7 +26,9 @@ and runs the cocotb tests of that top level:
 
 The default suite runs a covering subset (every dtype once for each module,
 LANES 1 and 4, one LANES = 16 reducer); `-m slow` runs the full cross product
-with larger vectors.
+with larger vectors. Both also run the AdamW datapath (and the slow suite the
+reducer) built with the Xilinx-DSP multipliers (DSP_SHAPE = 1, 27x18 partial
+products, fpga/rtl/l2l_fp32_mul.v) at one shape, held to the same bits.
 """
 from __future__ import annotations
 
@@ -85,20 +87,26 @@ ADAMW_TESTS = ["adamw_vectors", "adamw_decay_boundaries", "adamw_multistep", "ad
 DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
-def run_reduce(lanes: int, gdtype: str, block: int, config: dict, tests=REDUCE_TESTS, dirs=(RTL_DIR,)):
+def _dsp(dsp_shape: int) -> dict:
+    """The DSP_SHAPE parameter, given only when not the default (so default builds are unchanged)."""
+    return {"DSP_SHAPE": dsp_shape} if dsp_shape else {}
+
+
+def run_reduce(lanes: int, gdtype: str, block: int, config: dict, tests=REDUCE_TESTS, dirs=(RTL_DIR,),
+               dsp_shape: int = 0):
     config = {"lanes": lanes, "gdtype": gdtype, "block": block, **config}
     t0 = time.monotonic()
     rtl_runner.run("l2l_eps_reduce", sources("l2l_eps_reduce", dirs), "tb_eps_datapath",
-                   parameters={"LANES": lanes, "GDTYPE": DT[gdtype], "BLOCK": block},
+                   parameters={"LANES": lanes, "GDTYPE": DT[gdtype], "BLOCK": block, **_dsp(dsp_shape)},
                    env={"L2L_TB_CONFIG": json.dumps(config)}, testcase=list(tests))
     return time.monotonic() - t0
 
 
-def run_adamw(lanes: int, cdtype: str, config: dict, tests=ADAMW_TESTS, dirs=(RTL_DIR,)):
+def run_adamw(lanes: int, cdtype: str, config: dict, tests=ADAMW_TESTS, dirs=(RTL_DIR,), dsp_shape: int = 0):
     config = {"lanes": lanes, "cdtype": cdtype, **config}
     t0 = time.monotonic()
     rtl_runner.run("l2l_eps_adamw", sources("l2l_eps_adamw", dirs), "tb_eps_datapath",
-                   parameters={"LANES": lanes, "CDTYPE": DT[cdtype]},
+                   parameters={"LANES": lanes, "CDTYPE": DT[cdtype], **_dsp(dsp_shape)},
                    env={"L2L_TB_CONFIG": json.dumps(config)}, testcase=list(tests))
     return time.monotonic() - t0
 
@@ -189,6 +197,17 @@ def test_adamw(lanes, cdtype, ns):
     run_adamw(lanes, cdtype, config, tests)
 
 
+@pytest.mark.heavy
+def test_adamw_xilinx_dsp():
+    """The AdamW datapath with the 27x18 (DSP48E2) multipliers, LANES = 2: every vector class
+    and several steps bit for bit, the same latency and full rate (the multiplier alone:
+    tests/test_rtl_fp_units.py)."""
+    import eps_vectors as ev
+    config = {"ns": [2 * 5 + 1, 24, 40], "kinds": ev.ADAMW_KINDS, "Ks": [1, 2], "segs": [3, 64],
+              "seed": 31, "steps": 3, "throughput_beats": 64}
+    run_adamw(2, "fp32", config, ["adamw_vectors", "adamw_multistep", "adamw_throughput"], dsp_shape=1)
+
+
 # --------------------------------------------------------------------------
 # slow: the full cross product, larger vectors
 # --------------------------------------------------------------------------
@@ -214,3 +233,19 @@ def test_adamw_full(lanes, cdtype):
               "segs": [1, 8, 64], "seed": 2000 + lanes * 10 + DT[cdtype], "steps": 12,
               "multistep_n": lanes * 20 + 5, "throughput_beats": 512}
     run_adamw(lanes, cdtype, config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("top", ["reduce", "adamw"])
+def test_full_xilinx_dsp(top):
+    """test_reduce_full and test_adamw_full at LANES = 4 (bf16) with the 27x18 multipliers."""
+    import eps_vectors as ev
+    if top == "reduce":
+        config = {"ns": [1, 4 * 16 * 3 + 1, 4 * 7 + 3, 700], "segs": [16, 7, 1], "seed": 3041,
+                  "throughput_beats": 512, "short_segs": list(range(1, 17))}
+        run_reduce(4, "bf16", 16, config, dsp_shape=1)
+    else:
+        config = {"ns": [1, 4 * 40 + 3, 257, 4], "kinds": ev.ADAMW_KINDS, "Ks": [1, 2, 4],
+                  "segs": [1, 8, 64], "seed": 4041, "steps": 12, "multistep_n": 4 * 20 + 5,
+                  "throughput_beats": 512}
+        run_adamw(4, "bf16", config, dsp_shape=1)

@@ -12,6 +12,10 @@ exactly the latency in l2l_fp_latency.vh later and hold through stalls; at
 full rate the unit takes one operation per cycle; rst clears the valid chain
 (even with ce = 0) and nothing else. The testbench is sim/tb_fp_units.py.
 
+The multiplier runs twice, once per ``DSP_SHAPE`` (0, the default: 18x18
+partial products for the ECP5; 1: 27x18 ones for the Xilinx DSP48E2), each
+held to the same NumPy bits and the same latency.
+
 ``make test`` runs every class at a smaller size: 10k random operand pairs
 (values, for the narrowing units) per unit, 2k ties, all 3.6k-7.2k edge pairs
 and all 65536 widening inputs, about 30 s of CPU for the file (the simulation
@@ -33,32 +37,41 @@ import rtl_runner  # noqa: E402
 UNITS = ["l2l_fp32_add", "l2l_fp32_mul", "l2l_cvt_bf16_to_fp32", "l2l_cvt_fp16_to_fp32",
          "l2l_cvt_fp32_to_bf16", "l2l_cvt_fp32_to_fp16"]
 WIDENING = {"l2l_cvt_bf16_to_fp32", "l2l_cvt_fp16_to_fp32"}
+# (top, parameters): every unit at its defaults, and the multiplier's Xilinx-DSP shape
+CASES = [(top, {}) for top in UNITS] + [("l2l_fp32_mul", {"DSP_SHAPE": 1})]
+SWEPT_CASES = [(top, params) for top, params in CASES if top not in WIDENING]   # the slow sweeps
+
+
+def _id(case) -> str:
+    top, params = case
+    return "-".join([top, *(f"{k}{v}" for k, v in params.items())])
 
 pytestmark = pytest.mark.skipif(rtl_runner.missing_simulator() is not None,
                                 reason=str(rtl_runner.missing_simulator()))
 
 
-def _run(top: str, testcase=None, **env: int) -> None:
-    rtl_runner.run(top, rtl_runner.rtl(f"{top}.v"), "tb_fp_units",
+def _run(case, testcase=None, **env: int) -> None:
+    top, params = case
+    rtl_runner.run(top, rtl_runner.rtl(f"{top}.v"), "tb_fp_units", parameters=params,
                    env={k: str(v) for k, v in env.items()}, testcase=testcase)
 
 
-@pytest.mark.parametrize("top", UNITS)
-def test_fp_unit(top):
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_fp_unit(case):
     """Edges, 2k ties, classes and 10k random operands with stalls; full rate; reset."""
-    _run(top, None, L2L_FP_SEED=1, L2L_FP_RANDOM=10_000)
+    _run(case, None, L2L_FP_SEED=1, L2L_FP_RANDOM=10_000)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("top", sorted(set(UNITS) - WIDENING))
-def test_fp_unit_100k(top):
+@pytest.mark.parametrize("case", SWEPT_CASES, ids=_id)
+def test_fp_unit_100k(case):
     """Issue 5's acceptance sweep: 100k random operands and 10k ties per unit, seed 1."""
-    _run(top, "test_vectors", L2L_FP_SEED=1, L2L_FP_RANDOM=100_000)
+    _run(case, "test_vectors", L2L_FP_SEED=1, L2L_FP_RANDOM=100_000)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [2, 3])
-@pytest.mark.parametrize("top", sorted(set(UNITS) - WIDENING))
-def test_fp_unit_1m(top, seed):
+@pytest.mark.parametrize("case", SWEPT_CASES, ids=_id)
+def test_fp_unit_1m(case, seed):
     """Longer sweep: 1M random operands per unit (and 100k ties) on further seeds."""
-    _run(top, "test_vectors", L2L_FP_SEED=seed, L2L_FP_RANDOM=1000000)
+    _run(case, "test_vectors", L2L_FP_SEED=seed, L2L_FP_RANDOM=1000000)

@@ -58,9 +58,11 @@ KERNEL_FILES = [
 
 
 def run_kernel(testcase: str | list[str], *, lanes: int, gdtype: str, cdtype: str, burst: int, block: int,
-               rd_fifo: int | None = None, wr_fifo: int | None = None, **env) -> None:
+               rd_fifo: int | None = None, wr_fifo: int | None = None, dsp_shape: int = 0, **env) -> None:
     params = dict(LANES=lanes, GDTYPE=CODE[gdtype], CDTYPE=CODE[cdtype], BURST=burst, BLOCK=block,
                   RD_FIFO=rd_fifo or max(32, 4 * burst), WR_FIFO=wr_fifo or max(16, 2 * burst))
+    if dsp_shape:   # the Xilinx-DSP multipliers; not passed at the default, so those builds are unchanged
+        params["DSP_SHAPE"] = dsp_shape
     env = {"L2L_GDTYPE": gdtype, "L2L_CDTYPE": cdtype, "L2L_KERNEL_BLOCK": str(block),
            **{k: str(v) for k, v in env.items()}}
     rtl_runner.run("l2l_eps_kernel", rtl_runner.rtl(*KERNEL_FILES), "tb_eps_kernel",
@@ -146,11 +148,13 @@ def test_kernel_bitexact_lanes4_2001():
 
 
 @pytest.mark.heavy
-def test_kernel_bitexact_lanes1():
+@pytest.mark.parametrize("dsp_shape", [0, 1], ids=["DSP_SHAPE0", "DSP_SHAPE1"])
+def test_kernel_bitexact_lanes1(dsp_shape):
     """LANES = 1, fp32 gradients, bf16 copy, 4-beat bursts, 8-beat blocks: segments that end
     mid-burst, K = 4 with short segments (the reducer's hazard stall), an inf - inf gradient;
-    decay boundaries on a burst edge, a block edge and at n + 1."""
-    run_kernel("test_cases", lanes=1, gdtype="fp32", cdtype="bf16", burst=4, block=8,
+    decay boundaries on a burst edge, a block edge and at n + 1. Also with the 27x18 (DSP48E2)
+    multipliers, DSP_SHAPE = 1 (a few seconds more)."""
+    run_kernel("test_cases", lanes=1, gdtype="fp32", cdtype="bf16", burst=4, block=8, dsp_shape=dsp_shape,
                L2L_KERNEL_SEED=12, L2L_KERNEL_CASES=cases(
                    {"kind": "ties-reduction", "n": 5, "K": 4},
                    {"kind": "specials-default-t1", "n": 9, "K": 1, "steps": 2, "n_decay": 4},   # burst edge

@@ -9,7 +9,9 @@ input width and widening unit) and copy dtype (CDTYPE, the narrowing unit and
 the copy port), the smallest shape (LANES = 1, one-beat bursts and blocks,
 two-beat buffers, a 7-bit control address) and the largest (LANES = 16,
 65536-beat blocks, 4096-beat buffers, a 32-bit control address), and the
-shapes tests/test_rtl_kernel.py simulates. A parameter given on the command
+shapes tests/test_rtl_kernel.py simulates. The Xilinx multipliers
+(DSP_SHAPE = 1) are linted in the smallest AdamW shape and in a Lion and a
+LAMB kernel (every module under them that takes the parameter). A parameter given on the command
 line lints differently from its default (Verilator is stricter about widths
 derived from it), so LANES = 16 appears both ways.
 
@@ -47,11 +49,14 @@ KERNEL_CORNERS = [
     # every LANES and every dtype pair at least once, beside the corners below
     *({"LANES": lanes, "GDTYPE": g, "CDTYPE": c} for lanes, g, c in ((1, 0, 0), (4, 2, 1), (16, 0, 0), (16, 1, 2))),
     {"LANES": 1, "GDTYPE": 0, "CDTYPE": 1, "BURST": 1, "BLOCK": 1, "RD_FIFO": 2, "WR_FIFO": 2,
-     "C_S_AXI_CONTROL_ADDR_WIDTH": 7},                          # smallest
+     "C_S_AXI_CONTROL_ADDR_WIDTH": 7, "DSP_SHAPE": 1},          # smallest, with the 27x18 multipliers
     {"LANES": 16, "GDTYPE": 2, "CDTYPE": 1, "BURST": 64, "BLOCK": 65536, "RD_FIFO": 4096,
      "WR_FIFO": 4096, "C_S_AXI_CONTROL_ADDR_WIDTH": 32},        # largest
     {"LANES": 4, "GDTYPE": 1, "CDTYPE": 2, "BURST": 8, "BLOCK": 8, "RD_FIFO": 32, "WR_FIFO": 16},
     {"LANES": 2, "GDTYPE": 2, "CDTYPE": 0, "BURST": 4, "BLOCK": 8, "RD_FIFO": 32, "WR_FIFO": 16},
+    # Lion and LAMB with the 27x18 multipliers (the parameter through their lanes)
+    {"LANES": 2, "OPTIMIZER": 1, "DSP_SHAPE": 1},
+    {"LANES": 2, "OPTIMIZER": 2, "DSP_SHAPE": 1},
 ]
 # the read -> write loop at the shapes tests/test_rtl_kernel.py::test_dma_loop builds
 HARNESS_CORNERS = [{"LANES": 1, "EW": 16, "BURST": 16, "FIFO_DEPTH": 64},

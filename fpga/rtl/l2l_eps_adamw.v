@@ -30,7 +30,8 @@
 
 module l2l_eps_adamw #(
     parameter LANES = 1,            // 1..16 elements per beat
-    parameter CDTYPE = 0            // device copy dtype: 0 fp32, 1 bf16, 2 fp16 (CW = 32 or 16)
+    parameter CDTYPE = 0,           // device copy dtype: 0 fp32, 1 bf16, 2 fp16 (CW = 32 or 16)
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
 ) (
     input  wire                   clk, rst,
     input  wire [31:0]            decay, b1, omb1, b2, omb2, inv_bc2_sqrt, eps, neg_step,  // step scalars, held constant during a run
@@ -84,7 +85,7 @@ module l2l_eps_adamw #(
     genvar i;
     generate
         for (i = 0; i < LANES; i = i + 1) begin : g_lane
-            l2l_eps_lane #(.CDTYPE(CDTYPE)) u_lane (
+            l2l_eps_lane #(.CDTYPE(CDTYPE), .DSP_SHAPE(DSP_SHAPE)) u_lane (
                 .clk(clk), .rst(rst), .ce(ce),
                 .decay(decay), .b1(b1), .omb1(omb1), .b2(b2), .omb2(omb2),
                 .inv_bc2_sqrt(inv_bc2_sqrt), .eps(eps), .neg_step(neg_step),

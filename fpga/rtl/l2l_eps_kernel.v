@@ -85,6 +85,9 @@ module l2l_eps_kernel #(
     parameter BLOCK   = 64,   // beats per reducer segment (the accumulator's size)
     parameter RD_FIFO = 256,  // read buffer per port in beats (power of two >= BURST)
     parameter WR_FIFO = 128,  // write buffer per port in beats (power of two >= BURST)
+    parameter DSP_SHAPE = 0,  // how each multiplier cuts its 24x24 significand product: 0 18x18 pieces
+                              // (ECP5 MULT18X18D; 5 DSP48s a multiplier on Xilinx), 1 27x18 pieces
+                              // (Xilinx DSP48E2, or DSP48E1's 25x18: 2 DSPs a multiplier); same results
     parameter C_S_AXI_CONTROL_ADDR_WIDTH = 12,
     // port widths: fixed by the parameters above (kernel.xml states them)
     parameter C_M_AXI_GR_DATA_WIDTH   = ((GDTYPE == 0) ? 32 : 16) * LANES,
@@ -311,14 +314,15 @@ module l2l_eps_kernel #(
     initial begin
         if (LANES < 1 || LANES > 16 || (LANES & (LANES - 1)) != 0 ||
             GDTYPE < 0 || GDTYPE > 2 || CDTYPE < 0 || CDTYPE > 2 || OPTIMIZER < 0 || OPTIMIZER > 2 ||
+            DSP_SHAPE < 0 || DSP_SHAPE > 1 ||
             BURST < 1 || BURST > 256 || (BURST & (BURST - 1)) != 0 || BURST * BB > 4096 ||
             BLOCK < 1 || BLOCK > 65536 || (OPTIMIZER == 2 && C_S_AXI_CONTROL_ADDR_WIDTH < 8) ||
             RD_FIFO < BURST || RD_FIFO < 2 || (RD_FIFO & (RD_FIFO - 1)) != 0 ||
             WR_FIFO < BURST || WR_FIFO < 2 || (WR_FIFO & (WR_FIFO - 1)) != 0 ||
             C_M_AXI_GR_DATA_WIDTH != GW * LANES || C_M_AXI_DATA_WIDTH != DW ||
             C_M_AXI_COPY_DATA_WIDTH != CW * LANES) begin
-            $error("l2l_eps_kernel: illegal parameters LANES=%0d GDTYPE=%0d CDTYPE=%0d OPTIMIZER=%0d BURST=%0d BLOCK=%0d RD_FIFO=%0d WR_FIFO=%0d (or a port width that does not follow them)",
-                   LANES, GDTYPE, CDTYPE, OPTIMIZER, BURST, BLOCK, RD_FIFO, WR_FIFO);
+            $error("l2l_eps_kernel: illegal parameters LANES=%0d GDTYPE=%0d CDTYPE=%0d OPTIMIZER=%0d DSP_SHAPE=%0d BURST=%0d BLOCK=%0d RD_FIFO=%0d WR_FIFO=%0d (or a port width that does not follow them)",
+                   LANES, GDTYPE, CDTYPE, OPTIMIZER, DSP_SHAPE, BURST, BLOCK, RD_FIFO, WR_FIFO);
             $finish;
         end
     end
@@ -518,7 +522,7 @@ module l2l_eps_kernel #(
 
     // tlast and latency left open (see the read engines above)
     /* verilator lint_off PINCONNECTEMPTY */
-    l2l_eps_reduce #(.LANES(LANES), .GDTYPE(GDTYPE), .BLOCK(BLOCK)) u_reduce (
+    l2l_eps_reduce #(.LANES(LANES), .GDTYPE(GDTYPE), .BLOCK(BLOCK), .DSP_SHAPE(DSP_SHAPE)) u_reduce (
         .clk(ap_clk), .rst(rst), .inv_scale(r_inv_scale), .k(r_k),
         .s_axis_tdata(gr_tdata), .s_axis_tkeep(gr_tkeep), .s_axis_tlast(gr_tlast),
         .s_axis_tvalid(gr_tvalid && !lamb2), .s_axis_tready(red_in_ready),
@@ -608,7 +612,7 @@ module l2l_eps_kernel #(
 
             // tlast and latency left open (see the read engines above)
             /* verilator lint_off PINCONNECTEMPTY */
-            l2l_eps_adamw #(.LANES(LANES), .CDTYPE(CDTYPE)) u_adamw (
+            l2l_eps_adamw #(.LANES(LANES), .CDTYPE(CDTYPE), .DSP_SHAPE(DSP_SHAPE)) u_adamw (
                 .clk(ap_clk), .rst(rst),
                 .decay(r_decay), .b1(r_b1), .omb1(r_omb1), .b2(r_b2), .omb2(r_omb2),
                 .inv_bc2_sqrt(r_inv_bc2_sqrt), .eps(r_eps), .neg_step(r_neg_step),
@@ -637,7 +641,7 @@ module l2l_eps_kernel #(
             // eps word (0x64; r_inv_scale, the reducer's)
             // tlast and latency left open (see the read engines above)
             /* verilator lint_off PINCONNECTEMPTY */
-            l2l_eps_lion #(.LANES(LANES), .CDTYPE(CDTYPE)) u_lion (
+            l2l_eps_lion #(.LANES(LANES), .CDTYPE(CDTYPE), .DSP_SHAPE(DSP_SHAPE)) u_lion (
                 .clk(ap_clk), .rst(rst),
                 .decay(r_decay), .b1(r_b1), .omb1(r_omb1), .b2(r_b2), .omb2(r_omb2),
                 .neg_lr(r_inv_bc2_sqrt),
@@ -709,7 +713,7 @@ module l2l_eps_kernel #(
                 .m_axi_rvalid(m_axi_copy_rvalid), .m_axi_rready(m_axi_copy_rready));
             /* verilator lint_on PINCONNECTEMPTY */
 
-            l2l_eps_lamb #(.LANES(LANES), .GDTYPE(GDTYPE), .CDTYPE(CDTYPE)) u_lamb (
+            l2l_eps_lamb #(.LANES(LANES), .GDTYPE(GDTYPE), .CDTYPE(CDTYPE), .DSP_SHAPE(DSP_SHAPE)) u_lamb (
                 .clk(ap_clk), .rst(rst), .start(lamb_start), .pass2(r_pass2), .n(r_n),
                 .b1(r_decay), .omb1(r_b1), .b2(r_omb1), .omb2(r_b2), .inv_bc2_sqrt(r_omb2),
                 .eps(r_inv_bc2_sqrt), .inv_bc1(r_eps), .wd(r_neg_step),

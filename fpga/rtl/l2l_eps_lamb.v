@@ -34,6 +34,7 @@ module l2l_eps_lamb #(
     parameter LANES  = 16,   // elements per beat, a power of two, 1 .. 16
     parameter GDTYPE = 0,    // gradient port's element (the steps come on it): 0 fp32, 1/2 16-bit
     parameter CDTYPE = 0,    // device copy dtype (the segment ends come on its port): 0 fp32, 1 bf16, 2 fp16
+    parameter DSP_SHAPE = 0, // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
     // element widths of those ports: fixed by the two above
     parameter GWP    = (GDTYPE == 0) ? 32 : 16,
     parameter CWP    = (CDTYPE == 0) ? 32 : 16
@@ -169,7 +170,7 @@ module l2l_eps_lamb #(
     wire         sums_valid, sums_ready;
     // tlast (segment end) and latency: the packer counts elements, the sequencer beats
     /* verilator lint_off PINCONNECTEMPTY */
-    l2l_eps_lamb_norms u_norms (
+    l2l_eps_lamb_norms #(.DSP_SHAPE(DSP_SHAPE)) u_norms (
         .clk(clk), .rst(rst),
         .b1(b1), .omb1(omb1), .b2(b2), .omb2(omb2), .inv_bc2_sqrt(inv_bc2_sqrt), .eps(eps),
         .inv_bc1(inv_bc1), .wd(wd),
@@ -281,7 +282,7 @@ module l2l_eps_lamb #(
     wire                 ap_valid;
     // tlast and latency: the write engines count beats
     /* verilator lint_off PINCONNECTEMPTY */
-    l2l_eps_lamb_apply #(.LANES(LANES), .CDTYPE(CDTYPE)) u_apply (
+    l2l_eps_lamb_apply #(.LANES(LANES), .CDTYPE(CDTYPE), .DSP_SHAPE(DSP_SHAPE)) u_apply (
         .clk(clk), .rst(rst),
         .inv_bc2_sqrt(inv_bc2_sqrt), .eps(eps), .inv_bc1(inv_bc1), .wd(wd),
         .s_axis_p(s_axis_p), .s_axis_m(s_axis_m), .s_axis_v(s_axis_v), .s_axis_step(st_out),

@@ -22,7 +22,8 @@
 
 module l2l_eps_lamb_apply #(
     parameter LANES = 1,            // 1..16 elements per beat
-    parameter CDTYPE = 0            // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter CDTYPE = 0,           // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
 ) (
     input  wire                   clk, rst,
     input  wire [31:0]            inv_bc2_sqrt, eps, inv_bc1, wd,   // held during a run
@@ -81,7 +82,7 @@ module l2l_eps_lamb_apply #(
             /* verilator lint_off UNUSEDSIGNAL */
             wire [31:0] unused_m, unused_v, unused_pp, unused_uu;
             /* verilator lint_on UNUSEDSIGNAL */
-            l2l_eps_lamb_lane #(.PASS2(1)) u_lane (
+            l2l_eps_lamb_lane #(.PASS2(1), .DSP_SHAPE(DSP_SHAPE)) u_lane (
                 .clk(clk), .rst(rst), .ce(ce),
                 .b1(32'd0), .omb1(32'd0), .b2(32'd0), .omb2(32'd0),
                 .inv_bc2_sqrt(inv_bc2_sqrt), .eps(eps), .inv_bc1(inv_bc1), .wd(wd),
@@ -91,8 +92,8 @@ module l2l_eps_lamb_apply #(
                 .pp_out(unused_pp), .uu_out(unused_uu));
             l2l_delay #(.WIDTH(32), .DEPTH(LU)) d_st (.clk(clk), .rst(rst), .ce(ce),
                 .d(s_axis_step[32*i +: 32]), .q(st_d));
-            l2l_fp32_mul u_ns (.clk(clk), .rst(rst), .ce(ce), .in_valid(u2_vld), .a(st_d), .b(u2),
-                               .out_valid(ns_vld), .y(ns));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_ns (.clk(clk), .rst(rst), .ce(ce), .in_valid(u2_vld), .a(st_d), .b(u2),
+                                                        .out_valid(ns_vld), .y(ns));
             l2l_delay #(.WIDTH(32), .DEPTH(LM)) d_p (.clk(clk), .rst(rst), .ce(ce), .d(p_d), .q(p_dd));
             l2l_fp32_add u_pn (.clk(clk), .rst(rst), .ce(ce), .in_valid(ns_vld), .a(p_dd), .b(ns), .sub(1'b0),
                                .out_valid(pn_vld), .y(pp));

@@ -21,7 +21,8 @@
 `include "l2l_fp_latency.vh"
 
 module l2l_eps_lamb_lane #(
-    parameter PASS2 = 0             // 0: pass 1 (m', v' from m, v, g); 1: m, v are m', v'
+    parameter PASS2 = 0,            // 0: pass 1 (m', v' from m, v, g); 1: m, v are m', v'
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
 ) (
     input  wire        clk,
     input  wire        rst,
@@ -70,18 +71,18 @@ module l2l_eps_lamb_lane #(
             wire [31:0] b1m, omb1g, gg, b2v, ogg, b2v_d;
             wire        mul_vld, ogg_vld;
             wire        unused_vld_omb1g, unused_vld_gg, unused_vld_b2v, unused_vld_mp;
-            l2l_fp32_mul u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
-                                  .out_valid(mul_vld),          .y(b1m));
-            l2l_fp32_mul u_omb1g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb1), .b(g),
-                                  .out_valid(unused_vld_omb1g), .y(omb1g));
-            l2l_fp32_mul u_gg    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(g),    .b(g),
-                                  .out_valid(unused_vld_gg),    .y(gg));
-            l2l_fp32_mul u_b2v   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b2),   .b(v),
-                                  .out_valid(unused_vld_b2v),   .y(b2v));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
+                                                           .out_valid(mul_vld),          .y(b1m));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_omb1g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb1), .b(g),
+                                                           .out_valid(unused_vld_omb1g), .y(omb1g));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_gg    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(g),    .b(g),
+                                                           .out_valid(unused_vld_gg),    .y(gg));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_b2v   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b2),   .b(v),
+                                                           .out_valid(unused_vld_b2v),   .y(b2v));
             l2l_fp32_add u_mp (.clk(clk), .rst(rst), .ce(ce), .in_valid(mul_vld), .a(b1m), .b(omb1g), .sub(1'b0),
                                .out_valid(unused_vld_mp), .y(mp));
-            l2l_fp32_mul u_ogg (.clk(clk), .rst(rst), .ce(ce), .in_valid(mul_vld), .a(omb2), .b(gg),
-                                .out_valid(ogg_vld), .y(ogg));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_ogg (.clk(clk), .rst(rst), .ce(ce), .in_valid(mul_vld), .a(omb2), .b(gg),
+                                                         .out_valid(ogg_vld), .y(ogg));
             l2l_delay #(.WIDTH(32), .DEPTH(LM)) d_b2v (.clk(clk), .rst(rst), .ce(ce), .d(b2v), .q(b2v_d));
             l2l_fp32_add u_vp (.clk(clk), .rst(rst), .ce(ce), .in_valid(ogg_vld), .a(b2v_d), .b(ogg), .sub(1'b0),
                                .out_valid(vp_vld), .y(vp));
@@ -93,23 +94,23 @@ module l2l_eps_lamb_lane #(
     wire        sq_vld, sc_vld, dd_vld, q_vld, u_vld;
     l2l_fp32_sqrt u_sq (.clk(clk), .rst(rst), .ce(ce), .in_valid(vp_vld), .a(vp),
                         .out_valid(sq_vld), .y(sq));
-    l2l_fp32_mul  u_sc (.clk(clk), .rst(rst), .ce(ce), .in_valid(sq_vld), .a(sq), .b(inv_bc2_sqrt),
-                        .out_valid(sc_vld), .y(sc));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE))  u_sc (.clk(clk), .rst(rst), .ce(ce), .in_valid(sq_vld), .a(sq), .b(inv_bc2_sqrt),
+                                                 .out_valid(sc_vld), .y(sc));
     l2l_fp32_add  u_dd (.clk(clk), .rst(rst), .ce(ce), .in_valid(sc_vld), .a(sc), .b(eps), .sub(1'b0),
                         .out_valid(dd_vld), .y(dd));
     l2l_delay #(.WIDTH(32), .DEPTH(T_D - T_MP)) d_mp (.clk(clk), .rst(rst), .ce(ce), .d(mp), .q(mp_d));
     l2l_fp32_div  u_q  (.clk(clk), .rst(rst), .ce(ce), .in_valid(dd_vld), .a(mp_d), .b(dd),
                         .out_valid(q_vld), .y(q));
-    l2l_fp32_mul  u_u  (.clk(clk), .rst(rst), .ce(ce), .in_valid(q_vld), .a(q), .b(inv_bc1),
-                        .out_valid(u_vld), .y(u));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE))  u_u  (.clk(clk), .rst(rst), .ce(ce), .in_valid(q_vld), .a(q), .b(inv_bc1),
+                                                 .out_valid(u_vld), .y(u));
 
     // ---- u2 = u + (wd * p), or u + -0.0 past n_decay ------------------------------------
     // wd * p is formed from the sampled p; the choice travels with the element.
     wire [31:0] wdp, wdp_d, u2;
     wire        unused_vld_wdp, u2_vld;
     wire        dec_d;
-    l2l_fp32_mul u_wdp (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(wd), .b(p),
-                        .out_valid(unused_vld_wdp), .y(wdp));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_wdp (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(wd), .b(p),
+                                                 .out_valid(unused_vld_wdp), .y(wdp));
     l2l_delay #(.WIDTH(32), .DEPTH(T_U - LM)) d_wdp (.clk(clk), .rst(rst), .ce(ce), .d(wdp), .q(wdp_d));
     l2l_delay #(.WIDTH(1),  .DEPTH(T_U))      d_dec (.clk(clk), .rst(rst), .ce(ce), .d(decay_en), .q(dec_d));
     l2l_fp32_add u_u2 (.clk(clk), .rst(rst), .ce(ce), .in_valid(u_vld), .a(u),
@@ -119,10 +120,10 @@ module l2l_eps_lamb_lane #(
     // ---- uu = u2 * u2, pp = p * p ----------------------------------------------------------
     wire [31:0] pp, pp_d;
     wire        unused_vld_pp;
-    l2l_fp32_mul u_uu (.clk(clk), .rst(rst), .ce(ce), .in_valid(u2_vld), .a(u2), .b(u2),
-                       .out_valid(out_valid), .y(uu_out));
-    l2l_fp32_mul u_pp (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p), .b(p),
-                       .out_valid(unused_vld_pp), .y(pp));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_uu (.clk(clk), .rst(rst), .ce(ce), .in_valid(u2_vld), .a(u2), .b(u2),
+                                                .out_valid(out_valid), .y(uu_out));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_pp (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p), .b(p),
+                                                .out_valid(unused_vld_pp), .y(pp));
     l2l_delay #(.WIDTH(32), .DEPTH(LAT - LM)) d_pp (.clk(clk), .rst(rst), .ce(ce), .d(pp), .q(pp_d));
     assign pp_out = pp_d;
 

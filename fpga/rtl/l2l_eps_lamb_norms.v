@@ -28,7 +28,9 @@
 `default_nettype none
 `include "l2l_fp_latency.vh"
 
-module l2l_eps_lamb_norms (
+module l2l_eps_lamb_norms #(
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
+) (
     input  wire          clk, rst,
     input  wire [31:0]   b1, omb1, b2, omb2, inv_bc2_sqrt, eps, inv_bc1, wd,  // held during a run
     input  wire [31:0]   s_axis_g, s_axis_p, s_axis_m, s_axis_v,
@@ -61,7 +63,7 @@ module l2l_eps_lamb_norms (
     /* verilator lint_off UNUSEDSIGNAL */
     wire [31:0] unused_p, unused_u2;
     /* verilator lint_on UNUSEDSIGNAL */
-    l2l_eps_lamb_lane #(.PASS2(0)) u_lane (
+    l2l_eps_lamb_lane #(.PASS2(0), .DSP_SHAPE(DSP_SHAPE)) u_lane (
         .clk(clk), .rst(rst), .ce(ce),
         .b1(b1), .omb1(omb1), .b2(b2), .omb2(omb2), .inv_bc2_sqrt(inv_bc2_sqrt), .eps(eps),
         .inv_bc1(inv_bc1), .wd(wd),

@@ -30,7 +30,8 @@
 `include "l2l_fp_latency.vh"
 
 module l2l_eps_lane #(
-    parameter CDTYPE = 0            // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter CDTYPE = 0,           // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
 ) (
     input  wire        clk,
     input  wire        rst,         // synchronous; clears the valid chains
@@ -78,16 +79,16 @@ module l2l_eps_lane #(
     wire        unused_vld_b1m, unused_vld_omb1g, unused_vld_gg, unused_vld_b2v;
 
     wire [31:0] p1_b = decay_en ? decay : 32'h3F800000;    // decay or 1.0
-    l2l_fp32_mul u_p1    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p),    .b(p1_b),
-                          .out_valid(p1_vld),           .y(p1));
-    l2l_fp32_mul u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
-                          .out_valid(unused_vld_b1m),   .y(b1m));
-    l2l_fp32_mul u_omb1g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb1), .b(g),
-                          .out_valid(unused_vld_omb1g), .y(omb1g));
-    l2l_fp32_mul u_gg    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(g),    .b(g),
-                          .out_valid(unused_vld_gg),    .y(gg));
-    l2l_fp32_mul u_b2v   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b2),   .b(v),
-                          .out_valid(unused_vld_b2v),   .y(b2v));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_p1    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p),    .b(p1_b),
+                                                   .out_valid(p1_vld),           .y(p1));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
+                                                   .out_valid(unused_vld_b1m),   .y(b1m));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_omb1g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb1), .b(g),
+                                                   .out_valid(unused_vld_omb1g), .y(omb1g));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_gg    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(g),    .b(g),
+                                                   .out_valid(unused_vld_gg),    .y(gg));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_b2v   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b2),   .b(v),
+                                                   .out_valid(unused_vld_b2v),   .y(b2v));
 
     // ---- m' = (b1*m) + (omb1*g) ---------------------------------------------
     wire [31:0] mp;
@@ -98,8 +99,8 @@ module l2l_eps_lane #(
     // ---- v' = (b2*v) + (omb2*(g*g)) -------------------------------------------
     wire [31:0] ogg, b2v_d, vp;
     wire        ogg_vld, vp_vld;
-    l2l_fp32_mul u_ogg (.clk(clk), .rst(rst), .ce(ce), .in_valid(p1_vld), .a(omb2), .b(gg),
-                        .out_valid(ogg_vld), .y(ogg));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_ogg (.clk(clk), .rst(rst), .ce(ce), .in_valid(p1_vld), .a(omb2), .b(gg),
+                                                 .out_valid(ogg_vld), .y(ogg));
     l2l_delay #(.WIDTH(32), .DEPTH(T_OGG - T_MUL1)) d_b2v (.clk(clk), .rst(rst), .ce(ce), .d(b2v), .q(b2v_d));
     l2l_fp32_add u_vp (.clk(clk), .rst(rst), .ce(ce), .in_valid(ogg_vld), .a(b2v_d), .b(ogg), .sub(1'b0),
                        .out_valid(vp_vld), .y(vp));
@@ -109,8 +110,8 @@ module l2l_eps_lane #(
     wire        sq_vld, sc_vld, dd_vld;
     l2l_fp32_sqrt u_sq (.clk(clk), .rst(rst), .ce(ce), .in_valid(vp_vld), .a(vp),
                         .out_valid(sq_vld), .y(sq));
-    l2l_fp32_mul u_sc  (.clk(clk), .rst(rst), .ce(ce), .in_valid(sq_vld), .a(sq), .b(inv_bc2_sqrt),
-                        .out_valid(sc_vld), .y(sc));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_sc  (.clk(clk), .rst(rst), .ce(ce), .in_valid(sq_vld), .a(sq), .b(inv_bc2_sqrt),
+                                                 .out_valid(sc_vld), .y(sc));
     l2l_fp32_add u_dd  (.clk(clk), .rst(rst), .ce(ce), .in_valid(sc_vld), .a(sc), .b(eps), .sub(1'b0),
                         .out_valid(dd_vld), .y(dd));
 
@@ -120,8 +121,8 @@ module l2l_eps_lane #(
     l2l_delay #(.WIDTH(32), .DEPTH(T_D - T_MP)) d_mp (.clk(clk), .rst(rst), .ce(ce), .d(mp), .q(mp_d));
     l2l_fp32_div u_q  (.clk(clk), .rst(rst), .ce(ce), .in_valid(dd_vld), .a(mp_d), .b(dd),
                        .out_valid(q_vld), .y(q));
-    l2l_fp32_mul u_ns (.clk(clk), .rst(rst), .ce(ce), .in_valid(q_vld), .a(neg_step), .b(q),
-                       .out_valid(ns_vld), .y(ns));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_ns (.clk(clk), .rst(rst), .ce(ce), .in_valid(q_vld), .a(neg_step), .b(q),
+                                                .out_valid(ns_vld), .y(ns));
     l2l_delay #(.WIDTH(32), .DEPTH(T_NS - T_MUL1)) d_p1 (.clk(clk), .rst(rst), .ce(ce), .d(p1), .q(p1_d));
     l2l_fp32_add u_pp (.clk(clk), .rst(rst), .ce(ce), .in_valid(ns_vld), .a(p1_d), .b(ns), .sub(1'b0),
                        .out_valid(pp_vld), .y(pp));

@@ -39,7 +39,8 @@
 `include "l2l_fp_latency.vh"
 
 module l2l_eps_lion_lane #(
-    parameter CDTYPE = 0            // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter CDTYPE = 0,           // device copy dtype: 0 fp32, 1 bf16, 2 fp16
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
 ) (
     input  wire        clk,
     input  wire        rst,         // synchronous; clears the valid chains
@@ -78,16 +79,16 @@ module l2l_eps_lion_lane #(
     wire        unused_vld_b1m, unused_vld_omb1g, unused_vld_b2m, unused_vld_omb2g;
 
     wire [31:0] p1_b = decay_en ? decay : 32'h3F800000;    // decay or 1.0
-    l2l_fp32_mul u_p1    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p),    .b(p1_b),
-                          .out_valid(p1_vld),           .y(p1));
-    l2l_fp32_mul u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
-                          .out_valid(unused_vld_b1m),   .y(b1m));
-    l2l_fp32_mul u_omb1g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb1), .b(g),
-                          .out_valid(unused_vld_omb1g), .y(omb1g));
-    l2l_fp32_mul u_b2m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b2),   .b(m),
-                          .out_valid(unused_vld_b2m),   .y(b2m));
-    l2l_fp32_mul u_omb2g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb2), .b(g),
-                          .out_valid(unused_vld_omb2g), .y(omb2g));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_p1    (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(p),    .b(p1_b),
+                                                   .out_valid(p1_vld),           .y(p1));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_b1m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b1),   .b(m),
+                                                   .out_valid(unused_vld_b1m),   .y(b1m));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_omb1g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb1), .b(g),
+                                                   .out_valid(unused_vld_omb1g), .y(omb1g));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_b2m   (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(b2),   .b(m),
+                                                   .out_valid(unused_vld_b2m),   .y(b2m));
+    l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_omb2g (.clk(clk), .rst(rst), .ce(ce), .in_valid(in_valid), .a(omb2), .b(g),
+                                                   .out_valid(unused_vld_omb2g), .y(omb2g));
 
     // ---- c = (b1*m) + (omb1*g);  m' = (b2*m) + (omb2*g) -------------------------
     wire [31:0] c, mp;

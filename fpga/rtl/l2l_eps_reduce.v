@@ -49,7 +49,8 @@
 module l2l_eps_reduce #(
     parameter LANES = 1,            // 1..16 elements per beat
     parameter GDTYPE = 0,           // gradient dtype: 0 fp32, 1 bf16, 2 fp16
-    parameter BLOCK = 64            // max beats per segment (size of the on-chip accumulator, beats)
+    parameter BLOCK = 64,           // max beats per segment (size of the on-chip accumulator, beats)
+    parameter DSP_SHAPE = 0         // multiplier pieces: 0 18x18 (ECP5), 1 27x18 (Xilinx DSP48E2); l2l_fp32_mul
 ) (
     input  wire                   clk, rst,
     input  wire [31:0]            inv_scale,
@@ -233,10 +234,10 @@ module l2l_eps_reduce #(
                                 .out_valid(lane_add_valid[i]), .y(sum[32*i +: 32]));
 
             // after the last contribution: * inv_scale
-            l2l_fp32_mul u_scale (.clk(clk), .rst(rst), .ce(ce),
-                                  .in_valid(lane_add_valid[i] && lastk_s),
-                                  .a(sum[32*i +: 32]), .b(inv_scale),
-                                  .out_valid(lane_out_valid[i]), .y(g_out[32*i +: 32]));
+            l2l_fp32_mul #(.DSP_SHAPE(DSP_SHAPE)) u_scale (.clk(clk), .rst(rst), .ce(ce),
+                                                           .in_valid(lane_add_valid[i] && lastk_s),
+                                                           .a(sum[32*i +: 32]), .b(inv_scale),
+                                                           .out_valid(lane_out_valid[i]), .y(g_out[32*i +: 32]));
         end
     endgenerate
 

@@ -16,15 +16,13 @@
 // shifted left by s = min(lz, E - 1), or right by 1 - E when E < 1, so the
 // exponent never goes below 1 (exponent 1 with bit 47 clear is a subnormal).
 //   stage 0  classify; exponent sum E; significands into flip-flops
-//   stage 1  four partial products ma[17:0] * mb[17:0], ma[17:0] * mb[23:18],
-//            ma[23:18] * mb[17:0], ma[23:18] * mb[23:18], each one 18x18
-//            multiplier (ECP5 MULT18X18D; a DSP48 on Xilinx) straight from
-//            flip-flops to flip-flops; E - 1 and 1 - E
-//   stage 2  the two middle products summed; right shift amount 1 - E
-//            (clamped to 25: everything lands in the sticky bit); a mask that
-//            stops the leading-zero count at E - 1
-//   stage 3  the exact 48-bit product (one 30-bit addition: the outer
-//            products do not overlap)
+//   stage 1  the partial products (below, by DSP_SHAPE), each one hard
+//            multiplier straight from flip-flops to flip-flops; E - 1, 1 - E
+//   stage 2  DSP_SHAPE = 0: the two middle products summed; DSP_SHAPE = 1:
+//            the products registered again (a DSP48's P register); both:
+//            right shift amount 1 - E (clamped to 25: everything lands in
+//            the sticky bit), a mask that stops the leading-zero count at E - 1
+//   stage 3  the exact 48-bit product (one 30- or 31-bit addition)
 //   stage 4  leading-zero count of p[47:24] ORed with the mask: the left
 //            shift min(lz, E - 1), or 0 for a right shift
 //   stage 5  shift (left or right; a right shift keeps the bits it moves out),
@@ -37,6 +35,24 @@
 // Each stage holds one carry chain, one multiplier or a few LUT levels
 // (fpga/rtl/timing_ecp5.py measures them; the multipliers are the longest).
 //
+// DSP_SHAPE picks how the 24x24 significand product is cut into hard
+// multipliers; the result, the latency and the interface are the same:
+//   0 (default)  18x18 pieces for the ECP5's MULT18X18D: ma[17:0] * mb[17:0],
+//                ma[17:0] * mb[23:18], ma[23:18] * mb[17:0], ma[23:18] *
+//                mb[23:18] (4 MULT18X18D; yosys maps them to 5 DSP48E1/E2,
+//                the 18x18 one needing two: unsigned 18 bits do not fit a
+//                signed 18-bit port)
+//   1            27x18 pieces for the Xilinx DSP48E2 (UltraScale+), whose
+//                multiplier is 27x18 two's complement, so 26x17 unsigned
+//                (DSP48E1's 25x18 is 24x17 unsigned): ma * mb[16:0] (24x17)
+//                and ma * mb[23:17] (24x7), 2 DSPs, the fewest 24x24 allows
+//                (48 product bits > 26 + 17). The sign bits stay 0 (no signed
+//                trick would save the second DSP). Stage 1 is the DSP's M
+//                register, stage 2 its P register (s0 feeds its A/B
+//                registers); stage 3 adds the two in one 31-bit carry chain,
+//                p = {ph + pl[40:17], pl[16:0]} (not the DSP's cascade adder:
+//                left to the fabric, one carry chain like DSP_SHAPE = 0's)
+//
 // Special cases: a NaN operand and 0 * inf give the canonical quiet NaN
 // 0x7FC00000; inf * x gives a signed inf; 0 * finite gives a signed zero
 // (sign = sign(a) xor sign(b) in every case but NaN).
@@ -48,7 +64,9 @@
 `default_nettype none
 `include "l2l_fp_latency.vh"
 
-module l2l_fp32_mul (
+module l2l_fp32_mul #(
+    parameter DSP_SHAPE = 0         // 0: 18x18 multipliers (ECP5), 1: 27x18 (Xilinx DSP48E2); header
+) (
     input  wire        clk,
     input  wire        rst,
     input  wire        ce,
@@ -65,6 +83,10 @@ module l2l_fp32_mul (
         if (DEPTH != `L2L_FP32_MUL_LAT) begin
             $error("l2l_fp32_mul: pipeline depth %0d != L2L_FP32_MUL_LAT %0d",
                    DEPTH, `L2L_FP32_MUL_LAT);
+            $finish;
+        end
+        if (DSP_SHAPE != 0 && DSP_SHAPE != 1) begin
+            $error("l2l_fp32_mul: DSP_SHAPE %0d is not 0 (18x18) or 1 (27x18)", DSP_SHAPE);
             $finish;
         end
     end
@@ -104,16 +126,61 @@ module l2l_fp32_mul (
     end
 
     // ------------------------------------------------------------------
-    // stage 1: four partial products, each within one 18x18 multiplier;
-    // the shift cases from E
+    // stages 1 to 3, the product: partial products (stage 1), partly summed
+    // or registered again (stage 2), the exact product (stage 3, p_exact)
+    // ------------------------------------------------------------------
+    wire [47:0] p_exact;                    // from stage 2's registers: s3_p's input
+
+    generate
+        if (DSP_SHAPE == 0) begin : g_18x18
+            reg  [35:0] s1_pll;             // ma[17:0]  * mb[17:0]
+            reg  [23:0] s1_plh;             // ma[17:0]  * mb[23:18]
+            reg  [23:0] s1_phl;             // ma[23:18] * mb[17:0]
+            reg  [11:0] s1_phh;             // ma[23:18] * mb[23:18]
+            reg  [47:0] s2_pq;              // pll and phh side by side: they do not overlap
+            reg  [24:0] s2_pm;              // plh + phl, weight 2^18
+
+            always @(posedge clk) begin
+                if (ce) begin
+                    s1_pll <= s0_ma[17:0] * s0_mb[17:0];
+                    s1_plh <= s0_ma[17:0] * s0_mb[23:18];
+                    s1_phl <= s0_ma[23:18] * s0_mb[17:0];
+                    s1_phh <= s0_ma[23:18] * s0_mb[23:18];
+                    s2_pq  <= {s1_phh, s1_pll};
+                    s2_pm  <= {1'b0, s1_plh} + {1'b0, s1_phl};
+                end
+            end
+
+            // the outer products do not overlap: one 30-bit addition
+            wire [29:0] p_hi = s2_pq[47:18] + {5'd0, s2_pm};
+            assign p_exact = {p_hi, s2_pq[17:0]};
+        end else begin : g_27x18
+            reg  [40:0] s1_pl;              // ma * mb[16:0]  (24x17), a DSP's M register
+            reg  [30:0] s1_ph;              // ma * mb[23:17] (24x7),  a DSP's M register
+            reg  [40:0] s2_pl;              // the same, a DSP's P register
+            reg  [30:0] s2_ph;
+
+            always @(posedge clk) begin
+                if (ce) begin
+                    s1_pl <= s0_ma * s0_mb[16:0];
+                    s1_ph <= s0_ma * s0_mb[23:17];
+                    s2_pl <= s1_pl;
+                    s2_ph <= s1_ph;
+                end
+            end
+
+            // p = ph * 2^17 + pl < 2^48, so p[47:17] = ph + pl[40:17] fits 31 bits
+            wire [30:0] p_hi = s2_ph + {7'd0, s2_pl[40:17]};
+            assign p_exact = {p_hi, s2_pl[16:0]};
+        end
+    endgenerate
+
+    // ------------------------------------------------------------------
+    // stage 1: the shift cases from E (and the partial products, above)
     // ------------------------------------------------------------------
     reg         s1_v;
     reg         s1_nan, s1_inf, s1_zero, s1_sign;
     reg  [9:0]  s1_e;
-    reg  [35:0] s1_pll;                     // ma[17:0]  * mb[17:0]
-    reg  [23:0] s1_plh;                     // ma[17:0]  * mb[23:18]
-    reg  [23:0] s1_phl;                     // ma[23:18] * mb[17:0]
-    reg  [11:0] s1_phh;                     // ma[23:18] * mb[23:18]
     reg         s1_epos;                    // E >= 1: shift left (or not at all)
     reg  [9:0]  s1_em1, s1_rneg;            // E - 1 (used when E >= 1), 1 - E (used when E < 1)
 
@@ -126,10 +193,6 @@ module l2l_fp32_mul (
             s1_zero <= s0_zero;
             s1_sign <= s0_sign;
             s1_e    <= s0_e;
-            s1_pll  <= s0_ma[17:0] * s0_mb[17:0];
-            s1_plh  <= s0_ma[17:0] * s0_mb[23:18];
-            s1_phl  <= s0_ma[23:18] * s0_mb[17:0];
-            s1_phh  <= s0_ma[23:18] * s0_mb[23:18];
             s1_epos <= ~s0_e[9] && (s0_e != 10'd0);
             s1_em1  <= s0_e - 10'd1;
             s1_rneg <= 10'd1 - s0_e;
@@ -137,15 +200,12 @@ module l2l_fp32_mul (
     end
 
     // ------------------------------------------------------------------
-    // stage 2: the middle partial products summed; right shift amount,
-    // left shift limit
+    // stage 2: right shift amount, left shift limit (and the products, above)
     // ------------------------------------------------------------------
 
     reg         s2_v;
     reg         s2_nan, s2_inf, s2_zero, s2_sign;
     reg  [9:0]  s2_e;
-    reg  [47:0] s2_pq;                      // pll and phh side by side: they do not overlap
-    reg  [24:0] s2_pm;                      // plh + phl, weight 2^18
     reg  [23:0] s2_lzmask;
     reg  [4:0]  s2_shr;
 
@@ -158,8 +218,6 @@ module l2l_fp32_mul (
             s2_zero    <= s1_zero;
             s2_sign    <= s1_sign;
             s2_e       <= s1_e;
-            s2_pq      <= {s1_phh, s1_pll};
-            s2_pm      <= {1'b0, s1_plh} + {1'b0, s1_phl};
             // a 1 at bit 23 - (E - 1) of the count's input stops the count at
             // E - 1, the exponent floor (none when E - 1 > 23: the count is
             // at most 24); at bit 23 when E < 1, so the left shift is 0
@@ -170,10 +228,8 @@ module l2l_fp32_mul (
     end
 
     // ------------------------------------------------------------------
-    // stage 3: the exact product
+    // stage 3: the exact product (p_exact, above)
     // ------------------------------------------------------------------
-    wire [29:0] p_hi = s2_pq[47:18] + {5'd0, s2_pm};
-
     reg         s3_v;
     reg         s3_nan, s3_inf, s3_zero, s3_sign;
     reg  [9:0]  s3_e;
@@ -190,7 +246,7 @@ module l2l_fp32_mul (
             s3_zero    <= s2_zero;
             s3_sign    <= s2_sign;
             s3_e       <= s2_e;
-            s3_p       <= {p_hi, s2_pq[17:0]};
+            s3_p       <= p_exact;
             s3_lzmask  <= s2_lzmask;
             s3_shr     <= s2_shr;
         end

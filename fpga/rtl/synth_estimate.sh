@@ -7,11 +7,15 @@
 #   fpga/rtl/synth_estimate.sh                                  # l2l_eps_adamw LANES=1 CDTYPE=0
 #   fpga/rtl/synth_estimate.sh l2l_eps_adamw LANES=1 CDTYPE=1
 #   fpga/rtl/synth_estimate.sh l2l_eps_reduce LANES=1 GDTYPE=1 BLOCK=64
+#   fpga/rtl/synth_estimate.sh l2l_eps_adamw LANES=1 CDTYPE=0 DSP_SHAPE=1   # 27x18 multipliers
+#   FAMILY=xcup fpga/rtl/synth_estimate.sh                      # UltraScale+ primitives
 #   SYNTH=generic fpga/rtl/synth_estimate.sh                    # technology-independent synth
 #
 # SYNTH=xilinx (default) runs synth_xilinx (7-series primitives: LUT1..6,
-# FDRE/FDSE, SRL16E/SRLC32E, CARRY4, DSP48E1, RAMB18/36); SYNTH=generic runs
-# yosys' generic `synth` (gates and $_DFF_ cells, no LUT/DSP mapping).
+# FDRE/FDSE, SRL16E/SRLC32E, CARRY4, DSP48E1, RAMB18/36); with FAMILY=xcup
+# (or xcu) it runs `synth_xilinx -family xcup`: UltraScale+ primitives
+# (CARRY8, DSP48E2). SYNTH=generic runs yosys' generic `synth` (gates and
+# $_DFF_ cells, no LUT/DSP mapping).
 # The files are found from the top module by following l2l_* instantiations
 # (one module per file, named after it). The full yosys log goes to
 # $LOG (default: a temporary file); the summary is printed on stdout.
@@ -23,6 +27,7 @@ top="${1:-l2l_eps_adamw}"
 params=("$@")
 if [ ${#params[@]} -eq 0 ] && [ "$top" = l2l_eps_adamw ]; then params=(LANES=1 CDTYPE=0); fi
 synth="${SYNTH:-xilinx}"
+family="${FAMILY:-xc7}"
 command -v yosys >/dev/null || { echo "yosys not found: apt-get install yosys (make rtl-tools)" >&2; exit 1; }
 
 # the module's file and, transitively, those of the l2l_* modules it instantiates
@@ -45,7 +50,8 @@ done
 chparam=""
 for p in "${params[@]}"; do chparam+=" -set ${p%%=*} ${p#*=}"; done
 case "$synth" in
-    xilinx)  synth_cmd="synth_xilinx -top $top -flatten" ;;
+    xilinx)  synth_cmd="synth_xilinx -top $top -flatten"
+             [ "$family" != xc7 ] && synth_cmd="synth_xilinx -family $family -top $top -flatten" ;;
     generic) synth_cmd="synth -top $top -flatten" ;;
     *) echo "SYNTH=$synth: use xilinx or generic" >&2; exit 1 ;;
 esac
@@ -62,7 +68,8 @@ yosys -q -l "$log" -p "$script" >/dev/null
 secs=$(( $(date +%s) - start ))
 
 echo "yosys $(yosys -V | awk '{print $2}') $synth_cmd: $top ${params[*]} (${#files[@]} files, ${secs}s; log $log)"
-awk -v synth="$synth" '
+case "$family" in xcup|xcu) dsp_name=DSP48E2 carry_name=CARRY8 ;; *) dsp_name=DSP48E1 carry_name=CARRY4 ;; esac
+awk -v synth="$synth" -v dsp_name="$dsp_name" -v carry_name="$carry_name" '
     /Number of cells:/ { cells = $NF; incells = 1; next }
     incells && NF == 2 && $1 !~ /:/ {
         n = $2; c = $1
@@ -82,8 +89,8 @@ awk -v synth="$synth" '
             printf "LUT          %d  (LUT1..LUT6)\n", lut
             printf "FF           %d\n", ff
             printf "SRL          %d  (shift-register LUTs: the delay lines)\n", srl
-            printf "DSP48E1      %d\n", dsp
-            printf "CARRY4       %d\n", carry
+            printf "%-12s %d\n", dsp_name, dsp
+            printf "%-12s %d\n", carry_name, carry
             printf "MUXF7/8      %d\n", muxf
             printf "BRAM         %d  (RAMB18/36)   LUTRAM %d\n", bram, lutram
         } else {
