@@ -27,7 +27,8 @@ from shared_runs import cli_once, made_once
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--no-progress", "--eval-every", "0"]
 STANDIN = str(ROOT / "tests" / "rtl_standin_l2l.py")
-# the models the tests run: (optimizer, gradient dtype, copy dtype) as kernel parameters
+# the models the tests run: (optimizer, gradient dtype, copy dtype) as kernel parameters (the Makefile's
+# RTL_MODELS, which also has the bf16/fp16 one tests/test_bench_eps.py times)
 MODELS = [("adamw", 0, 0), ("adamw", 1, 1), ("adamw", 2, 2), ("lion", 0, 0), ("lamb", 0, 0)]
 
 

@@ -496,3 +496,22 @@ class RtlBackend(HostState, EpsBackend):
                 with model.lock:
                     model.close()
             self._models.clear()
+
+
+def prebuild(specs: Sequence[str]) -> None:
+    """Build (or find cached) the models named ``optimizer:gdtype:cdtype`` (``make rtl-models``),
+    one line each; one line and no build when Verilator or a compiler is missing."""
+    names = {v: k for k, v in DTYPE_NAME.items()}
+    try:
+        find_tools()
+    except UserError as exc:
+        print(f"RTL EPS models not built: {exc}")
+        return
+    for spec in specs:
+        opt, g, c = spec.split(":")
+        params = parameters(opt, names[g], names[c])
+        cached = library_path(params, find_tools()).is_file()
+        started = time.perf_counter()
+        path = build_library(params, quiet=True)
+        how = "cached" if cached else f"built in {time.perf_counter() - started:.0f} s"
+        print(f"RTL EPS model ({describe_params(params)}): {how}, {path.parent}")
