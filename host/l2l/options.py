@@ -75,7 +75,7 @@ RELAY = (
            "gradients (default: the whole batch at once)", action="store_true"),
 )
 EPS = (
-    Option("--eps", "EPS backend: auto | numpy | opencl | hls-csim; auto: the fastest on this host's CPU, the "
+    Option("--eps", "EPS backend: auto | numpy | opencl | hls-csim | rtl (the Verilog kernel in Verilator); auto: the fastest on this host's CPU, the "
            "OpenCL EPS on an OpenCL CPU device, else NumPy on every core; never a GPU (default %(default)s; "
            "`l2l info` says what auto takes here)"),
     Option("--eps-threads", "threads of the EPS on the CPU (numpy, or opencl on a CPU device; default: every CPU "

@@ -153,7 +153,7 @@ def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0,
         if name == "numpy":
             return k * gs + 4 + 4 + 36 + cs, (f"reduce: grads {k}x{gs}, g written 4, read 4 by the norm pass; "
                                               f"{passes}; copy {cs}")
-        if name in ("opencl", "hls-csim"):
+        if name in ("opencl", "hls-csim", "rtl"):
             return 2 * k * gs + 36 + cs, f"check kernel and norm kernel read grads {k}x{gs} each; {passes}; copy {cs}"
         return k * gs + 36 + cs, f"algorithmic minimum of two passes: grads {k}x{gs}; {passes}; copy {cs}"
     if name == "numpy":
@@ -174,6 +174,10 @@ def _eps_bytes(name: str, k: int, gs: int, cs: int, inv_scale: float = 1.0,
         note = (f"check kernel reads grads {k}x{gs}; update kernel reads grads {k}x{gs} (into a local tile) "
                 f"+ {names} {sb}, writes {names} {sb} and the copy {cs}")
         return 2 * k * gs + 2 * sb + cs, note
+    if name == "rtl":
+        note = (f"the kernel's AXI ports: check pass reads grads {k}x{gs}; update pass reads grads {k}x{gs} "
+                f"+ {names} {sb}, writes {names} {sb} and the copy {cs} (host staging copies not counted)")
+        return 2 * k * gs + 2 * sb + cs, note
     return k * gs + 2 * sb + cs, "algorithmic minimum (implementation not inspected)"
 
 
@@ -192,6 +196,10 @@ def _eps_step(backend, p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: 
 
 
 HLS_THREADS = "C-simulation: one host thread, the dataflow regions in sequence"
+RTL_THREADS = "Verilator: one host thread, one clock at a time"
+# the RTL simulation runs at about 0.4 M elements/s: timed in the table only on layers up to this size,
+# and its clocks measured on a layer of at most this size (_rtl_line)
+RTL_NUMEL = 1 << 16
 
 
 def _eps_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float, counts: list[int],
@@ -244,9 +252,57 @@ def _eps_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float,
             add(name, None, "not a CPU device: its own compute units")
         elif name == "hls-csim":
             add(name, 1, HLS_THREADS)
+        elif name == "rtl" and p0.shape[0] > 4 * RTL_NUMEL:
+            methods.append(Method(name, f"EPS {name}: step()", None, status=f"skipped: a simulation, timed on "
+                                  f"layers up to {4 * RTL_NUMEL:,} elements; its clocks: the RTL line below"))
+        elif name == "rtl":
+            add(name, 1, RTL_THREADS)
         else:
             add(name, None, "")
     return methods, opened
+
+
+def rtl_clocks(n: int, k: int, gdtype, cdtype, hyper: OptimizerHyper, steps: int = 3) -> dict:
+    """The RTL kernel's simulated clocks per element (ap_start to the interrupt, both passes) and
+    the simulation's wall rate, over ``steps`` updates of a layer of ``n`` elements after one
+    untimed (which builds the model if the cache has none)."""
+    from ..eps.rtl_backend import SHAPE, RtlBackend
+    ok, why = RtlBackend.availability()
+    if not ok:
+        return {"status": f"unavailable: {why}"}
+    if hyper.optimizer not in RtlBackend.optimizers:
+        return {"status": f"unavailable: does not run {hyper.optimizer}"}
+    p0, grads = _inputs(n, k, gdtype)
+    backend = RtlBackend()
+    try:
+        run = _eps_step(backend, p0, grads, cdtype, hyper, 1.0)
+        run()
+        before = backend.stats()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run()
+        wall = time.perf_counter() - t0
+        after = backend.stats()
+    finally:
+        backend.close()
+    clocks, seconds = after["clocks"] - before["clocks"], after["seconds"] - before["seconds"]
+    return {"status": "ok", "numel": n, "contributions": k, "lanes": SHAPE["LANES"], "updates": steps,
+            "launches_per_update": (after["launches"] - before["launches"]) / steps,
+            "clocks_per_elem": clocks / (steps * n), "clocks_per_elem_per_lane": clocks / (steps * n) * SHAPE["LANES"],
+            "sim_clocks_per_s": clocks / seconds, "wall_elems_per_s": steps * n / wall}
+
+
+def _rtl_markdown(rtl: dict | None) -> str:
+    if not rtl:
+        return ""
+    if rtl["status"] != "ok":
+        return f"\nRTL kernel (--eps rtl): {rtl['status']}.\n"
+    return (f"\nRTL kernel (--eps rtl, fpga/rtl/l2l_eps_kernel.v in Verilator, LANES {rtl['lanes']}), "
+            f"{rtl['numel']:,} elements, K = {rtl['contributions']}, {rtl['updates']} updates: "
+            f"{rtl['clocks_per_elem']:.3f} simulated clocks per element ({rtl['clocks_per_elem_per_lane']:.2f} "
+            f"per element per lane; {rtl['launches_per_update']:g} launch(es) an update, ap_start to interrupt), "
+            f"the simulation at {rtl['sim_clocks_per_s'] / 1e3:.0f} k clocks/s, "
+            f"{rtl['wall_elems_per_s'] / 1e6:.3f} M elements/s of wall time through step().\n")
 
 
 def _cl_cpu() -> int:
@@ -558,6 +614,7 @@ def run(args: argparse.Namespace) -> dict:
                                                    not args.no_deepspeed)
         methods = eps + optimizers
         _time_in_turn(stream + methods, args.warmup, args.repeats)
+        rtl = rtl_clocks(min(n, RTL_NUMEL), k, gdtype, cdtype, hyper)
     finally:
         for backend in opened:
             backend.close()
@@ -596,6 +653,7 @@ def run(args: argparse.Namespace) -> dict:
         "minimum_bytes_per_elem": minimum,
         "bound_elems_per_s": roofline * 1e9 / minimum,
         "rows": rows,
+        "rtl": rtl,
         "scaling": _scaling(rows),
         "short_of_threads": [r["id"] for r in rows if (r["threads"] or 0) > 1 and r["cpu_per_wall"] is not None
                              and r["cpu_per_wall"] < SHORT_OF_THREADS * r["threads"]],
@@ -613,7 +671,9 @@ def _num(x, fmt: str) -> str:
 def _threads_cell(r: dict) -> str:
     if r["threads"] is None:
         return "—"
-    return f"{r['threads']} (C-sim)" if r["threads_note"] == HLS_THREADS else str(r["threads"])
+    if r["threads_note"] in (HLS_THREADS, RTL_THREADS):
+        return f"{r['threads']} ({'C-sim' if r['threads_note'] == HLS_THREADS else 'RTL sim'})"
+    return str(r["threads"])
 
 
 def _auto_line(result: dict) -> str:
@@ -683,7 +743,7 @@ def markdown(result: dict) -> str:
         body += (f"\nThese rows kept fewer cores busy than {SHORT_OF_THREADS:.0%} of their threads (CPU s / "
                  f"wall s): {', '.join(short)}. Other processes held the cores, so their rates and speed-ups "
                  f"say little about the method; rerun on a quiet machine.\n")
-    return (head + body + _scaling_markdown(result) + _states_markdown(result)
+    return (head + body + _rtl_markdown(result.get("rtl")) + _scaling_markdown(result) + _states_markdown(result)
             + "\nBytes counted per element:\n" + notes + "\nThreads:\n" + threads)
 
 

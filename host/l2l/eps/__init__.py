@@ -7,12 +7,14 @@ from .contract import OPTIMIZERS, LambScalars, LambStep, LionScalars, OptimizerH
 from .hls_csim_backend import HlsCsimBackend
 from .numpy_backend import NumpyBackend
 from .opencl_backend import OpenCLBackend
+from .rtl_backend import RtlBackend
 from .server import EagerParamServer
 
 BACKENDS: dict[str, type[EpsBackend]] = {
     NumpyBackend.name: NumpyBackend,
     OpenCLBackend.name: OpenCLBackend,
     HlsCsimBackend.name: HlsCsimBackend,
+    RtlBackend.name: RtlBackend,
 }
 
 
@@ -35,5 +37,5 @@ def shares_masters(name: str, **options) -> bool:
 
 
 __all__ = ["BACKENDS", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "LambScalars", "LambStep", "LionScalars",
-           "NumpyBackend", "OPTIMIZERS", "OpenCLBackend", "OptimizerHyper", "StepScalars", "make_backend",
+           "NumpyBackend", "OPTIMIZERS", "OpenCLBackend", "OptimizerHyper", "RtlBackend", "StepScalars", "make_backend",
            "shares_masters"]

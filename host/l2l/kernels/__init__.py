@@ -29,6 +29,7 @@ from typing import NamedTuple
 SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "opencl": ("eps.cl", ("fpga", "opencl")),
     "hls": ("eps_kernels.cpp", ("hls",)),
+    "rtl": ("l2l_eps_kernel.v", ("fpga", "rtl")),  # its directory holds every module (--eps rtl)
 }
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[3]  # host/l2l/kernels -> the repository root
 
@@ -53,7 +54,7 @@ def _packaged(kind: str, name: str) -> Path | None:
 
 
 def locate(kind: str) -> KernelSource:
-    """The source of ``kind`` ("opencl" or "hls") and where it was found."""
+    """The source of ``kind`` ("opencl", "hls" or "rtl") and where it was found."""
     name, home = SOURCES[kind]
     packaged = _packaged(kind, name)
     if packaged is not None:
