@@ -269,8 +269,13 @@ def main(argv=None):
     ap.add_argument("--output-dir", default=None, help="default: build-bitstream/<board>")
     ap.add_argument("--build", action="store_true", help="synthesize, place, route, pack (else elaborate only)")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr seed")
+    ap.add_argument("--check", action="store_true", help="only check a finished build (timing, IDCODE)")
     a = ap.parse_args(argv)
     out = Path(a.output_dir or ROOT / "build-bitstream" / a.board).resolve()
+    if a.check:
+        r = check_build(out, a.board)
+        print(json.dumps(r, indent=1))
+        return 0 if r["ok"] else 1
     if a.build:
         # the wrappers, then the venv's own bin (meson and ninja build the BIOS's picolibc)
         os.environ["PATH"] = os.pathsep.join([str(yowasp_path(out)), str(Path(sys.executable).parent),
