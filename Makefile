@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # torch's and transformers' sources again (7 s instead of 3 s each, hundreds of starts).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-test opencl-platform rtl-tools rtl-models train test test-verilator test-oldest bench clean
+.PHONY: bitstream fpga-tools setup setup-test opencl-platform rtl-tools rtl-models train test test-verilator test-oldest bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed"' \
@@ -43,11 +43,11 @@ $(VENV)/.setup: pyproject.toml | $(BIN)/python
 # breaks every transformers import. The tests load timm's optimizer modules alone (torch only).
 TIMM ?= timm>=1.0.31,<2
 $(VENV)/.setup-test: pyproject.toml | $(BIN)/python
-	$(PIP) $(NEED_TORCH) -e '.[hf,opencl,test]'
+	$(PIP) $(NEED_TORCH) -e '.[hf,opencl,test,fpga]'
 	$(PIP) --no-deps '$(TIMM)'
 	@$(MAKE) --no-print-directory opencl-platform
 	@$(MAKE) --no-print-directory rtl-tools
-	touch $(VENV)/.setup $@
+	touch $(VENV)/.setup $(VENV)/.setup-fpga $@
 
 # The fast CPU EPS is the OpenCL one on an OpenCL CPU platform (--eps auto takes it). The
 # opencl extra brings PoCL from PyPI (Linux x86-64); as root on Debian the system's
@@ -77,6 +77,29 @@ rtl-tools:
 
 setup: $(VENV)/.setup
 setup-test: $(VENV)/.setup-test
+
+# The fpga extra alone (LiteX and friends, tens of MB, seconds): make bitstream needs neither torch
+# nor the package, so a clean clone builds a bitstream without them.
+$(VENV)/.setup-fpga: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c 'import re; x = re.search(r"^fpga = \[(.*?)\]", open("pyproject.toml").read(), re.S | re.M); print("\n".join(re.findall(r"\"([^\"]+)\"", x.group(1))))' > $(VENV)/fpga-requirements.txt
+	$(PIP) -r $(VENV)/fpga-requirements.txt
+	touch $@
+
+# The BIOS of the bitstream's CPU is C, built with Debian's RISC-V gcc, installed as root.
+fpga-tools:
+	@if command -v riscv64-unknown-elf-gcc >/dev/null; then echo "RISC-V gcc: $$(riscv64-unknown-elf-gcc --version | head -1)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian gcc-riscv64-unknown-elf (the SoC's BIOS)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-riscv64-unknown-elf >/dev/null; \
+	else echo "make: no riscv64-unknown-elf-gcc: install with 'sudo apt-get install gcc-riscv64-unknown-elf'"; exit 1; fi
+
+# A bitstream: the EPS kernel (fpga/rtl) in a LiteX SoC (fpga/soc/l2l_soc.py) through yosys, nextpnr
+# and ecppack (YoWASP), then its checks (timing on every clock, the part's IDCODE): build-bitstream/
+# $(BOARD)/gateware/l2l_$(BOARD).bit and summary.json. About 25 minutes on two cores, 1.5 GB.
+BOARD ?= ecpix5
+LANES ?= 1
+bitstream: $(VENV)/.setup-fpga fpga-tools
+	$(BIN)/python fpga/soc/l2l_soc.py --board $(BOARD) --lanes $(LANES) --build
 
 train: setup
 	$(BIN)/l2l train --out $(RUN) $(ARGS)
@@ -120,4 +143,4 @@ bench: setup
 	$(BIN)/l2l bench relay $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(OLDEST) runs .pytest_cache sim/build
+	rm -rf $(VENV) $(OLDEST) runs .pytest_cache sim/build build-bitstream
