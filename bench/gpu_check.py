@@ -3,6 +3,7 @@
     python bench/gpu_check.py --dry-run                         # here, no GPU: the plan, and whether it fits
     python bench/gpu_check.py --out bench/results/gpu           # on the CUDA machine
     python bench/gpu_check.py --smoke --out /tmp/gpu-smoke      # tiny shapes, any device (checks the script)
+    python bench/gpu_check.py --sections throughput,batch --out o  # only those sections (start-up always runs)
 
 Sections, in order (each a time box inside the whole-run budget, ``--minutes``, default 8):
 
@@ -12,7 +13,8 @@ Sections, in order (each a time box inside the whole-run budget, ``--minutes``, 
 1. Correctness, on a small model, under ``torch.use_deterministic_algorithms`` (TF32 off,
    attention on SDPA's math path): the relay against ``--engine plain`` (fp32 and bf16,
    dropout 0: the plain engine draws its own dropout masks), ``--stash host`` against
-   ``--stash device`` with dropout 0.1 (fp32 and bf16: must be bit-identical), and the
+   ``--stash device`` with dropout 0.1 (fp32 and bf16: must be bit-identical), the copy-stream
+   prefetch on against off (bf16, dropout 0.1: bit-identical), and the
    relay's first-step gradients with dropout 0.1 against an in-memory reference drawing
    the relay's per-(layer, micro-batch) masks (the CUDA RNG replay). PASS/FAIL per row.
 2. Device memory against depth: one relay step at several depths, ``--stash device`` and
@@ -20,8 +22,11 @@ Sections, in order (each a time box inside the whole-run budget, ``--minutes``, 
 3. Throughput against the baseline: the relay, ``plain --checkpointing`` and ``plain``
    (both accumulating the same micro-batches, so that they fit); tokens/s, MFU, wall and
    CUDA-event step times, the EPS wait.
-4. Overlap: the relay with its copy-stream prefetch, and without (weights fetched when needed).
-5. The largest relay model: its depth computed from the host-memory arithmetic below (and
+4. Batch: the relay and ``plain --checkpointing`` at four times the throughput rows' batch
+   (the same micro-batch size): the relay's compute per step grows with the batch while its
+   EPS work does not, so this is where the updates hide behind the GPU.
+5. Overlap: the relay with its copy-stream prefetch, and without (weights fetched when needed).
+6. The largest relay model: its depth computed from the host-memory arithmetic below (and
    the time left), not found by trial; one build and two steps.
 
 Memory arithmetic (``--dry-run``, and before every row): device bytes are the planner's
@@ -93,7 +98,9 @@ ROW_OVERHEAD_S = 2.0             # sampler, close, gc, cache flushes per row
 STARTUP_S = 20.0                 # imports, CUDA init, corpus, EPS probe
 
 BUDGET_S = 8 * 60
-BOXES = {"startup": 25, "correctness": 45, "memory": 60, "throughput": 120, "overlap": 50, "largest": 150}
+BOXES = {"startup": 20, "correctness": 25, "memory": 60, "throughput": 90, "batch": 80, "overlap": 50,
+         "largest": 125}
+SECTIONS = tuple(k for k in BOXES if k != "startup")
 MARGIN_S = 30  # never planned: the watchdog's and the last files' share
 
 TOL_FP32 = 2e-5  # CPU suite: relay within 1e-5 of plain over 20 steps; x2 for cuBLAS picking other kernels
@@ -115,6 +122,7 @@ class Row:
     warmup: int = 1
     prefetch: bool = True
     pair: TrainConfig | None = None  # correctness: what ``cfg`` is compared against
+    pair_prefetch: bool = True       # correctness: the pair's copy-stream prefetch
     check: str = ""                  # correctness: "loss" | "bitwise" | "replay"
     tol: float = 0.0
 
@@ -132,6 +140,7 @@ def plan(smoke: bool, largest_scale: float, machine: "Machine") -> list[Row]:
         depths = [2, 4]
         thr = _model(64, 4, 4, 64, 8, 4, precision="bf16")
         ovl = thr
+        batch = replace(thr, batch_size=32, micro_batches=16)
         big = _model(64, 4, 1, 64, 8, 4, precision="bf16", stash="host")
         steps, cor_steps, max_layers = 2, 3, 4
     else:
@@ -141,6 +150,7 @@ def plan(smoke: bool, largest_scale: float, machine: "Machine") -> list[Row]:
         # batch 64 x 1024 tokens: the relay's compute per layer fetch outlasts the EPS update
         thr = _model(2048, 16, 16, 1024, 64, 8, precision="bf16")
         ovl = replace(thr, layers=8)
+        batch = replace(thr, batch_size=256, micro_batches=32)  # 8 sequences a micro-batch, as thr
         # d 9216: a block's bf16 copy (2.04 GB) sits just under 2 GiB, so the pinned
         # allocator's power-of-two rounding wastes 5% (d 8192: 1.61 GB -> 2 GiB, 33%)
         big = _model(9216, 72, 1, 1024, 8, 4, precision="bf16", stash="host")
@@ -154,6 +164,9 @@ def plan(smoke: bool, largest_scale: float, machine: "Machine") -> list[Row]:
         c = replace(small, precision=precision, dropout=0.1, stash="host")
         rows.append(Row("correctness", f"stash host vs device, {precision}, dropout 0.1", c, cor_steps, 0,
                         pair=replace(c, stash="device"), check="bitwise"))
+    c = replace(small, precision="bf16", dropout=0.1)  # the copy stream changes when, never what
+    rows.append(Row("correctness", "prefetch on vs off, bf16, dropout 0.1", c, cor_steps, 0, pair=c,
+                    pair_prefetch=False, check="bitwise"))
     rows.append(Row("correctness", "dropout replay: gradients vs reference, fp32, dropout 0.1",
                     replace(small, dropout=0.1), 1, 0, check="replay", tol=TOL_REPLAY))
     for stash in ("device", "host"):
@@ -162,6 +175,10 @@ def plan(smoke: bool, largest_scale: float, machine: "Machine") -> list[Row]:
              Row("throughput", "plain --checkpointing", replace(thr, engine="plain", checkpointing=True,
                                                                accumulate=True), steps, 2),
              Row("throughput", "plain", replace(thr, engine="plain", accumulate=True), steps, 2)]
+    b = f"batch {batch.batch_size}, M {batch.micro_batches}"
+    rows += [Row("batch", f"l2l, {b}", batch, max(2, steps // 2), 1),
+             Row("batch", f"plain --checkpointing, {b}", replace(batch, engine="plain", checkpointing=True,
+                                                                 accumulate=True), max(2, steps // 2), 1)]
     rows += [Row("overlap", "l2l, prefetch", ovl, steps, 2),
              Row("overlap", "l2l, no prefetch", ovl, steps, 2, prefetch=False)]
     layers, _ = size_largest(big, machine, BOXES["largest"], max_layers)
@@ -398,7 +415,7 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
         engine.eps.hold()
     sampler = BatchSampler(corpus.train, cfg.seq_len, cfg.batch_size, family(cfg.model).objective, seed=0)
     cuda = device.type == "cuda"
-    walls, gpus, peaks, waits, losses = [], [], [], [], []
+    walls, gpus, peaks, waits, drains, busy, losses = [], [], [], [], [], [], []
     out = {}
     try:
         for step in range(warmup + steps):
@@ -407,10 +424,12 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
                 torch.cuda.synchronize(device)
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
+            eps = getattr(engine, "eps", None)
+            busy_before = eps.update_seconds if eps is not None else 0.0
             t = time.perf_counter()
             result = engine.train_step(batch, step)
-            eps = getattr(engine, "eps", None)
-            if eps is not None:  # the step's updates belong to the step
+            returned = time.perf_counter()
+            if eps is not None:  # the step's updates belong to the step: the drain is the EPS's tail
                 eps.synchronize()
             if cuda:
                 end.record()
@@ -422,6 +441,8 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
                 gpus.append(begin.elapsed_time(end) / 1e3 if cuda else None)
                 peaks.append(result.device_peak_bytes)
                 waits.append(result.eps_wait_s)
+                drains.append(time.perf_counter() - returned if eps is not None else 0.0)
+                busy.append(eps.update_seconds - busy_before if eps is not None else 0.0)
         requested, held = pinned_held(engine)
         out.update(pinned_requested=requested, pinned_held=held, host_allocator=host_allocator_stats())
         if inspect is not None:
@@ -435,6 +456,8 @@ def run_engine(cfg: TrainConfig, corpus, device: torch.device, *, steps: int, wa
                gpu_step_s=statistics.median(gpus) if gpus and gpus[0] is not None else None,
                device_peak_bytes=max(peaks) if peaks else None,
                eps_wait_s=statistics.median(waits) if waits else None,
+               eps_drain_s=statistics.median(drains) if drains else None,
+               eps_busy_s=statistics.median(busy) if busy else None,
                host_rss_before=rss_before, host_rss_peak=status.get("VmHWM"))
     if out["step_s"]:
         out["tokens_per_s"] = cfg.batch_size * cfg.seq_len / out["step_s"]
@@ -500,8 +523,9 @@ def check_row(row: Row, corpus, device: torch.device) -> dict:
         return {"max_rel_diff": diff, "control_diff": control,
                 "measure": "max |g - g_ref| / max |g_ref| over layers; control: reference with other masks",
                 "result": "PASS" if diff <= row.tol and control > 100 * row.tol else "FAIL"}
-    a = run_engine(row.cfg, corpus, device, steps=row.steps, warmup=0, inspect=weights)
-    b = run_engine(row.pair, corpus, device, steps=row.steps, warmup=0, inspect=weights)
+    a = run_engine(row.cfg, corpus, device, steps=row.steps, warmup=0, inspect=weights, prefetch=row.prefetch)
+    b = run_engine(row.pair, corpus, device, steps=row.steps, warmup=0, inspect=weights,
+                   prefetch=row.pair_prefetch)
     la, lb = np.array(a["losses"]), np.array(b["losses"])
     diff = float(np.max(np.abs(la - lb) / np.abs(lb)))
     wdiff = max(float(np.abs(x - y).max()) for x, y in zip(a["inspect"], b["inspect"]))
@@ -653,7 +677,9 @@ COLUMNS = {
                    ("MFU", lambda r: _g(r.get("mfu"), "{:.1%}")), ("step s (wall)", lambda r: _g(r.get("step_s"), "{:.3f}")),
                    ("step s (GPU events)", lambda r: _g(r.get("gpu_step_s"), "{:.3f}")),
                    ("planned step s", lambda r: _g(r.get("planned_step_s"), "{:.3f}")),
+                   ("EPS busy s", lambda r: _g(r.get("eps_busy_s"), "{:.3f}")),
                    ("EPS wait s", lambda r: _g(r.get("eps_wait_s"), "{:.3f}")),
+                   ("EPS drain s", lambda r: _g(r.get("eps_drain_s"), "{:.3f}")),
                    ("device peak", lambda r: _b(r.get("device_peak_bytes")))],
     "largest": [("row", lambda r: r["row"]), ("params", lambda r: _g(r.get("params"), "{:.2f}B", 1e9)),
                 ("build s", lambda r: _g(r.get("build_s"), "{:.0f}")), ("step s", lambda r: _g(r.get("step_s"), "{:.2f}")),
@@ -664,10 +690,11 @@ COLUMNS = {
                 ("device peak", lambda r: _b(r.get("device_peak_bytes"))),
                 ("planned device", lambda r: _b(r["planned_device_bytes"]))],
 }
-COLUMNS["overlap"] = COLUMNS["throughput"]
+COLUMNS["overlap"] = COLUMNS["batch"] = COLUMNS["throughput"]
 TITLES = {"startup": "Start-up and EPS probe", "correctness": "Correctness (deterministic, TF32 off, SDPA math path)",
           "memory": "Device memory against depth (one relay step)",
           "throughput": "Throughput against the baseline (same model, data, seed)",
+          "batch": "A larger batch: the EPS behind the GPU",
           "overlap": "Overlap: copy-stream prefetch on and off", "largest": "The largest relay model"}
 
 
@@ -761,8 +788,14 @@ def main() -> int:
     ap.add_argument("--eps-rate", type=float, default=EPS_ELEMS_PER_S, help="EPS elements/s assumed by the plan")
     ap.add_argument("--largest-scale", type=float, default=1.0,
                     help="multiply the largest model's computed depth (a check that oversize plans are refused)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run (default all: {','.join(SECTIONS)}); start-up always runs")
     ap.add_argument("--out", default="bench/results/gpu")
     args = ap.parse_args()
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown or not chosen:
+        ap.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}")
 
     budget_s = args.minutes * 60
     machine = Machine(device_bytes=int(args.device_bytes), host_bytes=int(args.host_bytes), eps_rate=args.eps_rate)
@@ -827,24 +860,29 @@ def main() -> int:
     sections = {}
     for r in rows:
         sections.setdefault(r.section, []).append(r)
-    with deterministic() as caught:
-        run_section("correctness", sections["correctness"], ctx)
-        for r, out in zip(sections["correctness"], report.result["sections"]["correctness"]["rows"]):
-            out["tolerance"] = "bit-identical" if r.check == "bitwise" else r.tol
-        notes = sorted({str(w.message).splitlines()[0][:160] for w in caught if "determinis" in str(w.message)})
-        report.section("correctness", nondeterministic=notes)
-    for name in ("memory", "throughput", "overlap"):
-        run_section(name, sections[name], ctx)
-    # the largest model: sized again from the arithmetic, with the build and EPS rates measured so far
-    big = sections["largest"][0].cfg
-    budget.open("largest", last=True)
-    layers, why = size_largest(big, live, budget.left(), 4 if args.smoke else 64)
-    report.section("largest", sized=f"{layers} layers; one more would exceed: {why}")
-    run_section("largest", [Row("largest", f"L={layers}", replace(big, layers=max(layers, 1)), 1, 1)], ctx, last=True)
+    if "correctness" in chosen:
+        with deterministic() as caught:
+            run_section("correctness", sections["correctness"], ctx)
+            for r, out in zip(sections["correctness"], report.result["sections"]["correctness"]["rows"]):
+                out["tolerance"] = "bit-identical" if r.check == "bitwise" else r.tol
+            notes = sorted({str(w.message).splitlines()[0][:160] for w in caught if "determinis" in str(w.message)})
+            report.section("correctness", nondeterministic=notes)
+    for name in ("memory", "throughput", "batch", "overlap"):
+        if name in chosen:
+            run_section(name, sections[name], ctx, last=name == chosen[-1])
+    if "largest" in chosen:
+        # the largest model: sized again from the arithmetic, with the build and EPS rates measured so far
+        big = sections["largest"][0].cfg
+        budget.open("largest", last=True)
+        layers, why = size_largest(big, live, budget.left(), 4 if args.smoke else 64)
+        report.section("largest", sized=f"{layers} layers; one more would exceed: {why}")
+        run_section("largest", [Row("largest", f"L={layers}", replace(big, layers=max(layers, 1)), 1, 1)], ctx,
+                    last=True)
     timer.cancel()
     report.save()
     print("\n" + markdown(report.result))
-    failed = [r["row"] for r in report.result["sections"]["correctness"]["rows"] if r.get("result") == "FAIL"]
+    failed = [r["row"] for r in report.result["sections"].get("correctness", {}).get("rows", [])
+              if r.get("result") == "FAIL"]
     if failed:
         print("gpu_check: correctness FAILED: " + "; ".join(failed), file=sys.stderr)
     if ctx["errors"]:

@@ -17,7 +17,7 @@ def test_gpu_check_smoke(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = result["sections"]
-    assert list(sections) == ["startup", "correctness", "memory", "throughput", "overlap", "largest"]
+    assert list(sections) == ["startup", "correctness", "memory", "throughput", "batch", "overlap", "largest"]
     assert all(s["status"] == "ok" for s in sections.values()), {k: s["status"] for k, s in sections.items()}
     assert result["eps_probe"]["chosen"] in ("numpy", "opencl") and result["devices"] == 1
     auto = result["eps_probe"]["auto"]  # what --eps auto takes on the box, measured beside the probe
@@ -25,24 +25,41 @@ def test_gpu_check_smoke(tmp_path):
     assert auto["same_as_chosen"] == (auto["backend"] == result["eps_probe"]["chosen"])
     assert f"--eps auto takes {auto['backend']}" in r.stdout
     checks = sections["correctness"]["rows"]
-    assert len(checks) == 5 and all(c["result"] == "PASS" for c in checks)
+    assert len(checks) == 6 and all(c["result"] == "PASS" for c in checks)
     bitwise = [c for c in checks if c["tolerance"] == "bit-identical"]
-    assert len(bitwise) == 2 and all(c["max_rel_diff"] == 0 for c in bitwise)
+    assert len(bitwise) == 3 and all(c["max_rel_diff"] == 0 for c in bitwise)
     replay = next(c for c in checks if c["row"].startswith("dropout replay"))
     assert replay["control_diff"] > 1e-3  # the check can fail: other masks, other gradients
     assert [m["row"] for m in sections["memory"]["rows"]] == [
         "stash device, L=2", "stash device, L=4", "stash host, L=2", "stash host, L=4"]
     assert [t["row"] for t in sections["throughput"]["rows"]] == ["l2l", "plain --checkpointing", "plain"]
     assert [t["row"] for t in sections["overlap"]["rows"]] == ["l2l, prefetch", "l2l, no prefetch"]
-    timed = sections["throughput"]["rows"] + sections["overlap"]["rows"] + sections["largest"]["rows"]
+    assert [t["row"] for t in sections["batch"]["rows"]] == [
+        "l2l, batch 32, M 16", "plain --checkpointing, batch 32, M 16"]
+    timed = (sections["throughput"]["rows"] + sections["batch"]["rows"] + sections["overlap"]["rows"]
+             + sections["largest"]["rows"])
     assert all(t["status"] == "ok" and t["tokens_per_s"] > 0 and t["eps"] == result["eps_probe"]["chosen"]
                for t in timed)
+    relay = [t for t in timed if t["engine"] == "l2l"]  # the EPS's work is timed, not only its waits
+    assert all(t["eps_busy_s"] > 0 and t["eps_drain_s"] >= 0 for t in relay)
     assert len(sections["largest"]["rows"]) == 1 and "one more would exceed" in sections["largest"]["sized"]
     text = (tmp_path / "gpu_check.md").read_text()
     assert f"EPS --eps auto takes {auto['backend']}" in text
-    for title in ("Correctness", "Device memory against depth", "Throughput", "Overlap", "largest relay model"):
+    for title in ("Correctness", "Device memory against depth", "Throughput", "A larger batch", "Overlap",
+                  "largest relay model", "EPS busy s", "EPS drain s"):
         assert title in text
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left behind
+
+
+def test_gpu_check_runs_only_the_sections_asked(tmp_path):
+    """``--sections``: start-up and the named sections, nothing else; an unknown name is one line, exit 2."""
+    r = _run("bench/gpu_check.py", "--smoke", "--sections", "batch,overlap", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    sections = json.loads((tmp_path / "gpu_check.json").read_text())["sections"]
+    assert list(sections) == ["startup", "batch", "overlap"]
+    assert all(s["status"] == "ok" for s in sections.values())
+    r = _run("bench/gpu_check.py", "--smoke", "--sections", "batch,warp", "--out", str(tmp_path))
+    assert r.returncode == 2 and "unknown warp" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_gpu_check_dry_run_fits_and_refuses_an_oversized_plan():
@@ -50,13 +67,14 @@ def test_gpu_check_dry_run_fits_and_refuses_an_oversized_plan():
     the host memory is refused with exit 2 and one line for that row."""
     r = _run("bench/gpu_check.py", "--dry-run")
     assert r.returncode == 0, r.stdout + r.stderr
-    for section in ("correctness", "memory", "throughput", "overlap", "largest"):
+    for section in ("correctness", "memory", "throughput", "batch", "overlap", "largest"):
         assert f"\n{section} " in r.stdout
     assert "plan fits" in r.stdout and "estimated total" in r.stdout and "REFUSED" not in r.stdout
     r = _run("bench/gpu_check.py", "--dry-run", "--largest-scale", "2")
     assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("refused: largest / ") and "host" in lines[0], r.stderr
+    lines = r.stderr.strip().splitlines()  # the row; and the plan's total, which that row now overruns
+    assert lines[0].startswith("refused: largest / ") and "host" in lines[0], r.stderr
+    assert lines[1:] in ([], ["refused: the plan: " + lines[-1].split("refused: the plan: ")[-1]]), r.stderr
     r = _run("bench/gpu_check.py", "--dry-run", "--host-bytes", str(8 * 2**30))
     assert r.returncode == 2 and all(line.startswith("refused: ") for line in r.stderr.strip().splitlines())
 

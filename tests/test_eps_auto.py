@@ -82,6 +82,18 @@ def test_without_an_opencl_cpu_device_auto_takes_numpy_on_every_core(auto_run, t
     assert eps["backend"] == "numpy" and eps["runs_on"] == f"{cpus} CPU thread{'s' if cpus > 1 else ''}", eps
     assert "no OpenCL platform" in eps["why"], eps
     assert _losses(tmp_path / "run") == _losses(auto_run[0])
+    assert "on a GPU the EPS" not in r.stdout  # the advice is for a GPU's run only
+
+
+def test_a_gpu_run_on_the_numpy_eps_auto_fell_back_to_is_told_to_install_opencl():
+    """On a GPU the EPS sets the pace (docs/results.md "On a GPU": 5% against 40% MFU): a run
+    that auto left on the NumPy EPS says how to get the OpenCL one; nothing else does."""
+    fell_back = eps_choice.EpsChoice("auto", "numpy", why="pyopencl is not installed")
+    advice = fell_back.gpu_advice("cuda")
+    assert advice and "pip install 'l2l[opencl]'" in advice and "\n" not in advice
+    assert fell_back.gpu_advice("cpu") is None
+    assert eps_choice.EpsChoice("auto", "opencl").gpu_advice("cuda") is None
+    assert eps_choice.EpsChoice("numpy", "numpy").gpu_advice("cuda") is None  # named: the user's choice
 
 
 def test_eps_threads_sets_the_cpu_eps_threads(tmp_path):

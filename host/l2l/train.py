@@ -231,6 +231,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
     eps = getattr(engine, "eps", None)  # the plain baseline has none
     if eps is not None and eps.choice is not None:
         say(f"l2l: {eps.choice.line(eps.backend)}")
+        advice = eps.choice.gpu_advice(device.type)
+        if advice:
+            say(f"l2l: {advice}")
     if saved is not None:
         say(f"l2l: resumed from {saved.path} at step {start}")
     if plan is not None:

@@ -39,6 +39,15 @@ class EpsChoice:
         how = f"--eps {self.asked}" if self.asked != AUTO else f"--eps auto: {self.why}"
         return f"EPS {self.name} on {backend.describe()} ({how})"
 
+    def gpu_advice(self, device_type: str) -> str | None:
+        """One line when a GPU trains against the NumPy EPS that auto fell back to: there the
+        EPS sets the step's pace (on an H200 box, 5% MFU against 40% with the OpenCL EPS)."""
+        if device_type != "cuda" or self.asked != AUTO or self.name != "numpy":
+            return None
+        return ("on a GPU the EPS sets the step's pace and the NumPy EPS is ~10x slower than the OpenCL "
+                "EPS on the same cores (an H200 box: 5% MFU against 40%, docs/results.md \"On a GPU\"): "
+                "pip install 'l2l[opencl]'")
+
 
 def choose(asked: str, *, cl_platform: str | None = None, cl_device: str | None = None,
            cl_binary: str | None = None, threads: int | None = None, optimizer: str = "adamw") -> EpsChoice:

@@ -248,7 +248,7 @@ class Prediction:
     device_weight_bytes: int     # weights + gradient buffers at their peak
     device_ledger_bytes: int     # what the relay's ledger peaks at (device_peak_bytes on the CPU)
     activation_bytes: int        # rough: one layer's recompute over one micro-batch
-    device_total_bytes: int      # ledger + activations
+    device_total_bytes: int      # ledger + activations (+ on CUDA the backward's extra)
     host_eps_bytes: int          # EPS state: p, m, v, device copy; the inboxes in flight
     host_state_bytes: int        # of which p, the moments and the device copies: the byte budget's floor
     host_stash_bytes: int        # --stash host: the stashed boundaries
@@ -260,6 +260,7 @@ class Prediction:
     machines: int = 1            # under torchrun: the host figures are each machine's
     eps_layout: str = "sharded"
     collective_bytes: int = 0    # all machines together send this to the EPS's collectives a step
+    device_backward_extra_bytes: int = 0  # CUDA: the weight-gradient temporaries and cuBLAS workspaces
     eps_state_bytes: int = 12    # p and the optimizer's moments, bytes a parameter (AdamW: 12, Lion: 8)
     #                              (the sharded EPS's books: gradients, and each updated copy once)
     exchange_bytes: int = 0      # of which the gradients' (sharded; replicated: all of it)
@@ -488,6 +489,23 @@ def activation_bytes(cfg: TrainConfig, shapes: Sequence[LayerShape], db: int) ->
     return max(block, (2 * vocab + 2 * d) * t) * db
 
 
+# cuBLAS's workspaces at the relay's device peak: one for the main thread (the forward and the
+# recomputes) and one for autograd's device thread (the backward), each taken from the caching
+# allocator. Measured on an H200 with torch 2.11 (bench/gpu_memory_peak.py, docs/results.md
+# "On a GPU"): 65 MiB alive before a step, and a 128 MiB block with no Python frame at the peak.
+CUDA_WORKSPACE_BYTES = 192 * 2**20
+
+
+def device_backward_extra_bytes(largest: int, db: int) -> int:
+    """CUDA device bytes a layer's backward holds beyond the ledger and the activations: the
+    layer's weight gradients, all at once, in the compute dtype -- a tap adds each one into the
+    gradient buffer only once the autograd engine reaches the tap, after every other node of the
+    micro-batch's backward (taps are made before the ops that use them, and the engine runs the
+    most recently made ready node first) -- and cuBLAS's workspaces. On the CPU the same
+    temporaries are host memory (:func:`host_transient_bytes`)."""
+    return largest * db + CUDA_WORKSPACE_BYTES
+
+
 def device_copy_bytes(cfg: TrainConfig, db: int, on_cuda: bool) -> int:
     """Host bytes a parameter for the EPS's device copies: none where the CPU computes in fp32
     on the EPS's masters themselves (``EagerParamServer(share_masters=True)``: the NumPy EPS,
@@ -589,6 +607,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     if machines.sharded:  # the exchange's send and receive buffers of the largest layer
         transient += 2 * cfg.devices * largest * db
     exposed_transfer = timing["transfer_exposed_s"]
+    backward_extra = device_backward_extra_bytes(largest, db) if on_cuda else 0
     flops = 0.0
     for p in passes:
         flops += m * shapes[p.layer].pass_flops(p.kind, b, cfg.seq_len, cfg.d_model)
@@ -618,7 +637,9 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         eps_update_s=sum(p.eps_s for p in passes),
         eps_exposed_s=max(0.0, timed["eps_end"] - timed["device_end"]),
         device_weight_bytes=weights, device_ledger_bytes=device_ledger,
-        activation_bytes=act_bytes, device_total_bytes=device_ledger + act_bytes,
+        activation_bytes=act_bytes,
+        device_backward_extra_bytes=backward_extra,
+        device_total_bytes=device_ledger + act_bytes + backward_extra,
         host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=host_stash, eps_state_bytes=state_bytes,
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
         host_gather_bytes=host_gather,

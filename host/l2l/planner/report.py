@@ -76,6 +76,11 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
         f"{'  ledger (weights, stash)':<26}{mib(p.device_ledger_bytes):>14}   "
         + ("= device_peak_bytes on the CPU" if rates.zero_copy else "what the relay holds across layers"),
         f"{'  activations (rough)':<26}{mib(p.activation_bytes):>14}   one layer's recompute, one micro-batch",
+    ]
+    if p.device_backward_extra_bytes:
+        lines.append(f"{'  backward temporaries':<26}{mib(p.device_backward_extra_bytes):>14}   "
+                     "a layer's weight gradients, and cuBLAS's workspaces")
+    lines += [
         f"{'host memory (peak RSS)':<26}{mib(p.host_total_bytes):>14}",
         f"{'  runtime':<26}{mib(p.host_runtime_bytes):>14}   torch and l2l, no model",
         f"{'  EPS state':<26}{mib(p.host_eps_bytes):>14}   " + _state_per_param(p)
