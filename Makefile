@@ -98,8 +98,9 @@ fpga-tools:
 # $(BOARD)/gateware/l2l_$(BOARD).bit and summary.json. About 25 minutes on two cores, 1.5 GB.
 BOARD ?= ecpix5
 LANES ?= 1
+IP ?= 192.168.1.50
 bitstream: $(VENV)/.setup-fpga fpga-tools
-	$(BIN)/python fpga/soc/l2l_soc.py --board $(BOARD) --lanes $(LANES) --build
+	$(BIN)/python fpga/soc/l2l_soc.py --board $(BOARD) --lanes $(LANES) --ip-address $(IP) --build
 
 train: setup
 	$(BIN)/l2l train --out $(RUN) $(ARGS)
@@ -109,6 +110,7 @@ train: setup
 RTL_MODELS ?= adamw:fp32:fp32 adamw:bf16:bf16 adamw:fp16:fp16 adamw:bf16:fp16 lion:fp32:fp32 lamb:fp32:fp32
 rtl-models: setup-test
 	@$(BIN)/python -c 'import sys; from l2l.eps.rtl_backend import prebuild; prebuild(sys.argv[1:])' $(RTL_MODELS)
+	@$(BIN)/python -c 'from l2l.eps.board_sim import prebuild; prebuild()'
 
 test: setup-test rtl-models
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)

@@ -92,6 +92,21 @@ def test_each_master_is_lanes_wide_on_its_own_dram_port(elaborated):
     assert len(soc.sdram.crossbar.masters) >= len(l2l_soc.PORTS) + 1
 
 
+def test_the_host_driver_finds_the_soc_where_its_board_map_says(elaborated):
+    """--eps board reads the identifier to know the board, then uses its DRAM and the kernel's
+    registers at the addresses of l2l.eps.board_map: the SoC must put them there."""
+    from l2l.eps import board_map
+    board, soc, csr, _ = elaborated
+    assert csr["csr_bases"]["identifier_mem"] == board_map.IDENT_ADDR
+    assert csr["constants"]["config_identifier"] == board_map.ident(board, soc.lanes).lower()  # csr.json lowers it
+    assert board_map.parse_ident(board_map.ident(board, soc.lanes)) == (board, soc.lanes)
+    assert len(board_map.ident(board, soc.lanes)) < board_map.IDENT_WORDS
+    ram = csr["memories"]["main_ram"]
+    assert (ram["base"], ram["size"]) == (board_map.DRAM_BASE, board_map.DRAM_BYTES[board])
+    assert (csr["memories"]["eps"]["base"], csr["memories"]["eps"]["size"]) == (board_map.EPS_BASE,
+                                                                                board_map.EPS_SIZE)
+
+
 def test_idcode_of_the_boards_part_comes_from_the_trellis_database():
     for board, b in l2l_soc.BOARDS.items():
         assert l2l_soc.part_idcode(b["part"]) == 0x81113043, board   # LFE5UM5G-85F

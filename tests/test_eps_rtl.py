@@ -15,6 +15,7 @@ import pytest
 
 from l2l.checkpoint import load_latest
 from l2l.eps import NumpyBackend, OptimizerHyper, RtlBackend, numerics
+from l2l.eps import kernel_regs as kr
 from l2l.eps import rtl_backend as rb
 from l2l.eps.contract import step_scalars
 from l2l.eps.numerics import COPY_DTYPES
@@ -135,13 +136,13 @@ def test_refusals_are_errors_not_crashes(models):
     p, m, v = rtl._state[0]
     flag, gr, out = rb.aligned(1, np.uint32), rb.aligned(8, np.float32), rb.aligned(8, np.float32)
     buffers = {"gr": gr, "p": p, "m": m, "v": v, "copy": out, "finite": flag}
-    words = {rb.REG_N: 8, rb.REG_K: 1, rb.REG_N_DECAY: 8, rb.REG_SCALARS + 4 * 8: rb._bits(1.0)}
+    words = {kr.REG_N: 8, kr.REG_K: 1, kr.REG_N_DECAY: 8, kr.REG_SCALARS + 4 * 8: kr.f32_bits(1.0)}
     launch_write = model.write
 
     def misplace(addr, value):  # the driver writes p's address as that of the stray array
-        if addr == rb.BUFFER_REGS["p"]:
+        if addr == kr.BUFFER_REGS["p"]:
             value = stray.ctypes.data & 0xFFFF_FFFF
-        elif addr == rb.BUFFER_REGS["p"] + 4:
+        elif addr == kr.BUFFER_REGS["p"] + 4:
             value = stray.ctypes.data >> 32
         launch_write(addr, value)
     model.write = misplace

@@ -37,13 +37,22 @@ from litex.soc.interconnect.axi import AXIInterface, AXILiteInterface
 
 RTL = Path(__file__).resolve().parents[1] / "rtl"
 ROOT = Path(__file__).resolve().parents[2]
-EPS_BASE = 0xA000_0000   # the kernel's AXI-Lite registers (in VexRiscv's uncached I/O region)
-EPS_SIZE = 0x1000        # 12 address bits: C_S_AXI_CONTROL_ADDR_WIDTH
-PORTS = ("gr", "p", "m", "v", "copy")
 
-# The kernel's build parameters: AdamW, fp32 gradients and device copy; bursts, reducer blocks
-# and buffers small (DRAM latency here is tens of clocks, not HBM's hundreds).
-KERNEL = dict(OPTIMIZER=0, GDTYPE=0, CDTYPE=0, BURST=8, BLOCK=8, RD_FIFO=16, WR_FIFO=16, DSP_SHAPE=0)
+
+def _board_map():
+    """host/l2l/eps/board_map.py, loaded by its path: the bus addresses and the kernel's build
+    parameters as the host driver sees them (one home), with neither torch nor l2l installed."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("l2l_board_map", ROOT / "host" / "l2l" / "eps" / "board_map.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_MAP = _board_map()
+EPS_BASE, EPS_SIZE, KERNEL, ident = _MAP.EPS_BASE, _MAP.EPS_SIZE, _MAP.KERNEL, _MAP.ident
+
+PORTS = ("gr", "p", "m", "v", "copy")
 
 BOARDS = {
     # LambdaConcept ECPIX-5 85F: LFE5UM5G-85F, DDR3 MT41K256M16 (x16 used by LiteDRAM), RTL8211 RGMII
@@ -120,7 +129,7 @@ class L2LSoC(SoCCore):
         platform, clk = _board_io(board, toolchain)
         self.crg = _CRG(platform, sys_clk_freq, **clk)
         SoCCore.__init__(self, platform, sys_clk_freq, cpu_type="vexriscv", cpu_variant="standard",
-                         ident=f"l2l EPS SoC on {board}, LANES={lanes}", uart_name=BOARDS[board]["uart"],
+                         ident=ident(board, lanes), uart_name=BOARDS[board]["uart"],
                          integrated_rom_size=0x8000, integrated_sram_size=0x2000)
 
         # DDR3: the PHY drives the CRG's stop/reset while it aligns the sys2x clock
@@ -269,6 +278,7 @@ def main(argv=None):
     ap.add_argument("--output-dir", default=None, help="default: build-bitstream/<board>")
     ap.add_argument("--build", action="store_true", help="synthesize, place, route, pack (else elaborate only)")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr seed")
+    ap.add_argument("--ip-address", default="192.168.1.50", help="the board's IPv4 address (Etherbone, UDP 1234)")
     ap.add_argument("--check", action="store_true", help="only check a finished build (timing, IDCODE)")
     a = ap.parse_args(argv)
     out = Path(a.output_dir or ROOT / "build-bitstream" / a.board).resolve()
@@ -280,7 +290,7 @@ def main(argv=None):
         # the wrappers, then the venv's own bin (meson and ninja build the BIOS's picolibc)
         os.environ["PATH"] = os.pathsep.join([str(yowasp_path(out)), str(Path(sys.executable).parent),
                                               os.environ["PATH"]])
-    soc = L2LSoC(board=a.board, lanes=a.lanes, sys_clk_freq=a.sys_clk)
+    soc = L2LSoC(board=a.board, lanes=a.lanes, sys_clk_freq=a.sys_clk, ip_address=a.ip_address)
     builder = Builder(soc, output_dir=str(out), compile_software=a.build, compile_gateware=a.build,
                       csr_json=str(out / "csr.json"))
     builder.build(build_name=f"l2l_{a.board}", run=a.build, seed=a.seed)

@@ -58,6 +58,7 @@ class TrainConfig:
     cl_platform: str | None = None  # OpenCL EPS: platform index or name substring
     cl_device: str | None = None    # OpenCL EPS: device index or name substring
     cl_binary: str | None = None    # OpenCL EPS: precompiled program (.xclbin/.aocx/PoCL binary)
+    board_url: str | None = None    # board EPS: udp://IP[:PORT] of the SoC's Etherbone
     eps_offload: str | None = None  # directory for the EPS state files (docs/disk-tier.md); None: in memory
     eps_offload_window: int = 2     # --eps-offload: entries read ahead of the updates (and written behind)
     eps_offload_copies: bool = False  # --eps-offload: the device copies in files too, read ahead in fetch order
@@ -92,7 +93,7 @@ class TrainConfig:
         """The EPS backend this run gets (``--eps auto`` resolved on this host) and its options."""
         from .eps.choice import choose
         return choose(self.eps, cl_platform=self.cl_platform, cl_device=self.cl_device, cl_binary=self.cl_binary,
-                      threads=self.eps_threads, optimizer=self.optimizer)
+                      threads=self.eps_threads, optimizer=self.optimizer, board_url=self.board_url)
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.model, layers=self.layers, d_model=self.d_model,
@@ -138,6 +139,14 @@ class TrainConfig:
              "--cl-platform/--cl-device/--cl-binary choose the device of --eps opencl (auto never takes a GPU "
              "or an accelerator unnamed): add --eps opencl")
         check_threads(self.eps, self.eps_threads)
+        need(self.eps == "board" or self.board_url is None, "--board-url is the address of --eps board: add --eps board")
+        if self.eps == "board":
+            need(self.board_url is not None, "--eps board needs --board-url udp://IP[:PORT] (the board's address)")
+            need(self.optimizer == "adamw", f"--eps board runs AdamW (the bitstream's kernel), not --optimizer "
+                 f"{self.optimizer}")
+            need(self.precision == "fp32", f"--eps board takes fp32 gradients and copies (the bitstream's kernel), "
+                 f"not --precision {self.precision}")
+            need(self.eps_offload is None, "--eps board keeps the EPS state in the board's DRAM: no --eps-offload")
         need(self.eps_offload is None or self.engine == "l2l",
              "--eps-offload applies to --engine l2l (the plain baseline has no EPS)")
         need(self.eps_offload is None or self.eps_offload.strip() != "", "--eps-offload needs a directory")

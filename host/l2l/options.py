@@ -75,7 +75,8 @@ RELAY = (
            "gradients (default: the whole batch at once)", action="store_true"),
 )
 EPS = (
-    Option("--eps", "EPS backend: auto | numpy | opencl | hls-csim | rtl (the Verilog kernel in Verilator); auto: the fastest on this host's CPU, the "
+    Option("--eps", "EPS backend: auto | numpy | opencl | hls-csim | rtl (the Verilog kernel in Verilator) | board (an FPGA "
+           "board over Ethernet, --board-url); auto: the fastest on this host's CPU, the "
            "OpenCL EPS on an OpenCL CPU device, else NumPy on every core; never a GPU (default %(default)s; "
            "`l2l info` says what auto takes here)"),
     Option("--eps-threads", "threads of the EPS on the CPU (numpy, or opencl on a CPU device; default: every CPU "
@@ -83,6 +84,8 @@ EPS = (
     Option("--cl-platform", "OpenCL platform: index or name substring (env L2L_CL_PLATFORM)"),
     Option("--cl-device", "OpenCL device: index or name substring (env L2L_CL_DEVICE)"),
     Option("--cl-binary", "precompiled OpenCL program (.xclbin, .aocx) for the OpenCL EPS"),
+    Option("--board-url", "--eps board: the board's Etherbone address, udp://IP[:PORT] (port 1234 by default; "
+           "docs/fpga.md)"),
     Option("--eps-layout", f"under torchrun: {_one_of(EPS_LAYOUTS)}; sharded: each of R machines owns 1/R of "
            "every EPS entry (weights, moments, update), so R machines hold an R times larger model, with the bits "
            "of one machine; replicated: each holds all of it (default %(default)s)"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .backend import EpsBackend
+from .board_backend import BoardBackend
 from .contract import OPTIMIZERS, LambScalars, LambStep, LionScalars, OptimizerHyper, StepScalars
 from .hls_csim_backend import HlsCsimBackend
 from .numpy_backend import NumpyBackend
@@ -15,6 +16,7 @@ BACKENDS: dict[str, type[EpsBackend]] = {
     OpenCLBackend.name: OpenCLBackend,
     HlsCsimBackend.name: HlsCsimBackend,
     RtlBackend.name: RtlBackend,
+    BoardBackend.name: BoardBackend,
 }
 
 
@@ -36,6 +38,6 @@ def shares_masters(name: str, **options) -> bool:
     return cls is not None and cls.shares_masters(**options)
 
 
-__all__ = ["BACKENDS", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "LambScalars", "LambStep", "LionScalars",
+__all__ = ["BACKENDS", "BoardBackend", "EagerParamServer", "EpsBackend", "HlsCsimBackend", "LambScalars", "LambStep", "LionScalars",
            "NumpyBackend", "OPTIMIZERS", "OpenCLBackend", "OptimizerHyper", "RtlBackend", "StepScalars", "make_backend",
            "shares_masters"]

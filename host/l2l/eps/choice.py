@@ -50,13 +50,16 @@ class EpsChoice:
 
 
 def choose(asked: str, *, cl_platform: str | None = None, cl_device: str | None = None,
-           cl_binary: str | None = None, threads: int | None = None, optimizer: str = "adamw") -> EpsChoice:
+           cl_binary: str | None = None, threads: int | None = None, optimizer: str = "adamw",
+           board_url: str | None = None) -> EpsChoice:
     """The backend ``asked`` names, or for ``auto`` this host's fastest CPU EPS that runs
     ``optimizer``."""
     if asked != AUTO:
         options = {"threads": threads} if asked == "numpy" else {}
         if asked == "opencl":
             options = {"platform": cl_platform, "device": cl_device, "binary": cl_binary, "threads": threads}
+        if asked == "board":
+            options = {"url": board_url}
         return EpsChoice(asked, asked, options)
     found, what = cpu_device()
     if found is not None and optimizer not in OpenCLBackend.optimizers:

@@ -80,6 +80,8 @@ from . import numerics
 from .backend import (EpsBackend, HostState, check_copy, check_optimizer, check_state, check_step,
                       lamb_bounds)
 from .contract import LambStep, StepScalars, optimizer_of
+from .kernel_regs import (AP_START, LAMB_REGS, REG_CTRL, REG_GIE, REG_IER, REG_K, REG_N, REG_N_DECAY, SENTINEL,
+                          acknowledge, finite_flag, launch_words, scalar_words)
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
 HARNESS = Path(__file__).resolve().parent / "rtl_harness.cpp"
@@ -99,13 +101,6 @@ MAX_K = 255
 MAX_N = (1 << 32) - 1
 ALIGN = 4096
 
-# the register map (fpga/ARGS.md, "RTL kernel"; the ADDR_* localparams of l2l_axil_ctrl.v)
-REG_CTRL, REG_GIE, REG_IER, REG_ISR, REG_STATUS = 0x00, 0x04, 0x08, 0x0C, 0x70
-AP_START, AP_DONE, AP_IDLE = 0x1, 0x2, 0x4
-BUFFER_REGS = {"gr": 0x10, "p": 0x18, "m": 0x20, "v": 0x28, "copy": 0x30, "finite": 0x38}
-REG_N, REG_K, REG_N_DECAY, REG_SCALARS = 0x40, 0x44, 0x48, 0x4C
-LAMB_REGS = {"pass": 0x74, "seg": 0x78, "sums": 0x80, "steps": 0x88, "nseg": 0x90}
-SENTINEL = 0x5A5A5A5A  # the flag word before a launch: the kernel writes 1 or 0 over it
 
 _lock = threading.Lock()  # builds and loads
 _libraries: dict[str, ctypes.CDLL] = {}
@@ -257,6 +252,7 @@ def load_library(params: dict[str, int], cache_dir=None) -> ctypes.CDLL:
             lib.l2l_rtl_free.argtypes = [_ptr]
             lib.l2l_rtl_port_bytes.argtypes = [_ptr, ctypes.POINTER(_u32)]
             lib.l2l_rtl_regions.argtypes = [_ptr, ctypes.POINTER(_u64), ctypes.POINTER(_u64), _u32]
+            lib.l2l_rtl_offset.argtypes = [_ptr, _u64]
             lib.l2l_rtl_write.argtypes = [_ptr, _u32, _u32]
             lib.l2l_rtl_write.restype = ctypes.c_int
             lib.l2l_rtl_read.argtypes = [_ptr, _u32, ctypes.POINTER(_u32)]
@@ -285,10 +281,6 @@ def aligned(n: int, dtype) -> np.ndarray:
 def _extent(a: np.ndarray) -> tuple[int, int]:
     """(address, bytes) of the padded block behind an :func:`aligned` array."""
     return a.ctypes.data, max(ALIGN, -(-a.nbytes // ALIGN) * ALIGN)
-
-
-def _bits(x) -> int:
-    return int(np.asarray(x, np.float32).view(np.uint32))
 
 
 class Model:
@@ -320,34 +312,47 @@ class Model:
             raise RuntimeError(f"RTL EPS: the control port did not answer a read at {addr:#x}")
         return out.value
 
-    def launch(self, buffers: dict[str, np.ndarray], words: dict[int, int], max_clocks: int) -> int:
-        """One run: the buffers' addresses and the other argument words written, ap_start, the
-        interrupt awaited and acknowledged, the status checked. Returns the clocks it took."""
-        regions = [_extent(a) for a in buffers.values()]
-        lo = (_u64 * len(regions))(*(r[0] for r in regions))
-        size = (_u64 * len(regions))(*(r[1] for r in regions))
-        self.lib.l2l_rtl_regions(self.handle, lo, size, len(regions))
-        args = dict(words)
-        for name, a in buffers.items():
-            reg = BUFFER_REGS.get(name, LAMB_REGS.get(name))
-            args[reg], args[reg + 4] = a.ctypes.data & 0xFFFF_FFFF, a.ctypes.data >> 32
-        for addr in sorted(args):
-            self.write(addr, args[addr])
+    def regions(self, extents: Sequence[tuple[int, int]], offset: int = 0) -> None:
+        """The host memory the kernel may touch, as (address, bytes); bus address a is host
+        address a + ``offset`` (a board's memory map; 0: the kernel takes host addresses)."""
+        lo = (_u64 * len(extents))(*(r[0] for r in extents))
+        size = (_u64 * len(extents))(*(r[1] for r in extents))
+        self.lib.l2l_rtl_regions(self.handle, lo, size, len(extents))
+        self.lib.l2l_rtl_offset(self.handle, offset % (1 << 64))
+
+    def run(self, max_clocks: int) -> int:
+        """ap_start, then clocks until the interrupt; the clocks it took."""
         started = time.perf_counter()
         self.write(REG_CTRL, AP_START)
         clocks = self.lib.l2l_rtl_wait(self.handle, max_clocks)
         if clocks < 0:
             raise RuntimeError(f"RTL EPS: the kernel did not finish within {max_clocks} clocks "
-                               f"({self.lib.l2l_rtl_error(self.handle).decode() or 'no memory fault'})")
+                               f"({self.fault() or 'no memory fault'})")
         self.seconds += time.perf_counter() - started
         self.clocks += clocks
         self.launches += 1
-        self.write(REG_ISR, 1)  # toggle: acknowledge ap_done
-        ctrl = self.read(REG_CTRL)  # clears ap_done
-        status = self.read(REG_STATUS)
-        fault = self.lib.l2l_rtl_error(self.handle).decode()
-        if fault or status & 1 or not ctrl & AP_IDLE:
-            raise RuntimeError(f"RTL EPS: {fault or 'dma_error set'} (status {status:#x}, control {ctrl:#x})")
+        return clocks
+
+    def fault(self) -> str:
+        """The first memory access outside the registered regions, if any ('' if none)."""
+        return self.lib.l2l_rtl_error(self.handle).decode()
+
+    def launch(self, buffers: dict[str, np.ndarray], words: dict[int, int], max_clocks: int) -> int:
+        """One run: the buffers' addresses and the other argument words written, ap_start, the
+        interrupt awaited and acknowledged, the status checked. Returns the clocks it took."""
+        self.regions([_extent(a) for a in buffers.values()])
+        args = launch_words({name: a.ctypes.data for name, a in buffers.items()}, words)
+        for addr in sorted(args):
+            self.write(addr, args[addr])
+        clocks = self.run(max_clocks)
+        fault = self.fault()
+        try:
+            acknowledge(self.write, self.read, "RTL EPS")  # also after a fault: the model runs on
+        except RuntimeError:
+            if not fault:
+                raise
+        if fault:
+            raise RuntimeError(f"RTL EPS: {fault}")
         return clocks
 
 
@@ -454,7 +459,7 @@ class RtlBackend(HostState, EpsBackend):
             words = {REG_N: n, REG_K: k, REG_N_DECAY: n_decay}
             limit = 100_000 + 16 * (k + 2) * n  # far above any run's clocks: a hang is an error
             if seg is None:
-                words.update({REG_SCALARS + 4 * i: _bits(x) for i, x in enumerate(scalars.as_tuple())})
+                words.update(scalar_words(scalars))
                 model.launch(buffers, words, limit)
                 finite = self._flag(flag)
             else:
@@ -465,9 +470,7 @@ class RtlBackend(HostState, EpsBackend):
 
     @staticmethod
     def _flag(flag: np.ndarray) -> bool:
-        if flag[0] not in (0, 1):
-            raise RuntimeError(f"RTL EPS: the kernel did not write the flag word ({int(flag[0]):#x})")
-        return bool(flag[0])
+        return finite_flag(int(flag[0]), "RTL EPS")
 
     def _lamb(self, model: Model, key: tuple, buffers: dict, words: dict, seg: np.ndarray,
               step: LambStep, limit: int) -> bool:
@@ -478,8 +481,7 @@ class RtlBackend(HostState, EpsBackend):
         sums = self._buffer(key, "sums", nseg * 2 * numerics.LANES, np.float32)
         steps = self._buffer(key, "steps", nseg, np.float32)
         buffers = {**buffers, "seg": bounds, "sums": sums, "steps": steps}
-        words = {**words, LAMB_REGS["nseg"]: nseg,
-                 **{REG_SCALARS + 4 * i: _bits(x) for i, x in enumerate(step.scalars.as_tuple())}}
+        words = {**words, LAMB_REGS["nseg"]: nseg, **scalar_words(step.scalars)}
         model.launch(buffers, {**words, LAMB_REGS["pass"]: 1}, limit)
         if not self._flag(buffers["finite"]):
             return False

@@ -10,7 +10,9 @@
 // no copy. A burst that is not wholly inside one registered buffer (or that is
 // not an INCR burst of full-width beats) is answered SLVERR and not performed,
 // and the first such access is kept as a message (l2l_rtl_error): a wrong
-// address is a Python exception, never a write to stray memory.
+// address is a Python exception, never a write to stray memory. A board's
+// memory map is simulated by an offset (l2l_rtl_offset): the kernel then takes
+// the board's bus addresses, and bus address a is host address a + offset.
 //
 // The memory never pauses: AR and AW are always ready; R serves one beat a
 // clock in request order from the first accepted burst; W is ready while a
@@ -90,6 +92,7 @@ struct L2lRtl {
     std::unique_ptr<VerilatedContext> ctx;
     std::unique_ptr<L2L_VTOP> top;
     std::vector<Region> regions;
+    uint64_t offset = 0;        // host address = bus address + offset (mod 2^64)
     Port ports[5] = {{"gr"}, {"p"}, {"m"}, {"v"}, {"copy"}};
     std::string error;
     uint64_t cycle = 0;
@@ -109,7 +112,7 @@ struct L2lRtl {
         error = msg;
     }
     Burst accept(Port& p, const char* what, uint64_t addr, unsigned len, unsigned size, unsigned burst) {
-        Burst bu{addr & ~static_cast<uint64_t>(p.bytes - 1), len + 1u, 0, true};
+        Burst bu{(addr + offset) & ~static_cast<uint64_t>(p.bytes - 1), len + 1u, 0, true};
         bool shape = (1u << size) == p.bytes && burst == 1;  // INCR of full-width beats
         if (!shape || !inside(bu.base, bu.base + static_cast<uint64_t>(bu.beats) * p.bytes)) {
             bu.ok = false;
@@ -268,6 +271,9 @@ void l2l_rtl_regions(L2lRtl* h, const uint64_t* lo, const uint64_t* size, uint32
     h->regions.clear();
     for (uint32_t i = 0; i < count; ++i) h->regions.push_back({lo[i], lo[i] + size[i]});
 }
+
+// Bus address a is host address a + offset from now on (0: they are the same).
+void l2l_rtl_offset(L2lRtl* h, uint64_t offset) { h->offset = offset; }
 
 // One AXI4-Lite write of a 32-bit register (all four strobes); 0, or -1 when the slave
 // does not answer within 64 clocks.
