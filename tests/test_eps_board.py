@@ -246,3 +246,14 @@ def test_cli_mistakes_are_one_line(tmp_path):
     assert r.returncode == 2 and "no board answers there" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "y" / "metrics.jsonl").exists()
+
+
+def test_the_simulators_bench_prints_the_kernels_clocks():
+    """``python -m l2l.eps.board_sim --bench`` (the figure docs/fpga.md quotes): one update at K = 1
+    and 2 through the driver; the kernel's clocks an element grow with K (each contribution is
+    read), and an element costs at least a clock at LANES 1."""
+    r = subprocess.run([sys.executable, "-m", "l2l.eps.board_sim", "--bench", "--numel", "16384"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    clocks = [float(x) for x in re.findall(r"K=\d, n=16384: ([\d.]+) kernel clocks an element", r.stdout)]
+    assert len(clocks) == 2 and 1.0 <= clocks[0] < clocks[1] < 16, r.stdout

@@ -257,6 +257,9 @@ def _eps_methods(p0, grads, copy_dtype, hyper: OptimizerHyper, inv_scale: float,
                                   f"layers up to {4 * RTL_NUMEL:,} elements; its clocks: the RTL line below"))
         elif name == "rtl":
             add(name, 1, RTL_THREADS)
+        elif name == "board" and hyper.optimizer in cls.optimizers:  # the link sets its pace: needs a board
+            methods.append(Method(name, f"EPS {name}: step()", None, status="skipped: needs a board (--eps board "
+                                  "--board-url); the simulated SoC: python -m l2l.eps.board_sim --bench"))
         else:
             add(name, None, "")
     return methods, opened

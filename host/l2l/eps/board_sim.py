@@ -2,6 +2,7 @@
 
     python -m l2l.eps.board_sim --listen 127.0.0.2:1234 [--board ecpix5] [--drop 0.05]
     l2l train --eps board --board-url udp://127.0.0.2:1234
+    python -m l2l.eps.board_sim --bench        # the kernel's clocks an element, through the driver
 
 What answers is what fpga/soc/l2l_soc.py builds, at the addresses of :mod:`l2l.eps.board_map`:
 
@@ -152,6 +153,37 @@ def serve(sock: socket.socket, soc: SimulatedSoc, drop: float = 0.0, seed: int =
             sock.sendto(out, (host, port))  # LiteEth answers at its own port, to the sender's address
 
 
+def bench(n: int = 1 << 16) -> list[dict]:
+    """One AdamW update of an ``n``-element layer at K = 1 and 2 through the driver and the link
+    (in this process, on 127.0.0.2): the kernel's clocks an element and the wall rates."""
+    import threading
+    import time
+
+    from .board_backend import BoardBackend
+    from .contract import OptimizerHyper, step_scalars
+    from .numerics import as_step
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.2", 0))
+    soc = SimulatedSoc()
+    threading.Thread(target=serve, args=(sock, soc), daemon=True).start()
+    board = BoardBackend(f"udp://127.0.0.2:{sock.getsockname()[1]}")
+    rows = []
+    try:
+        board.allocate(0, np.zeros(n, np.float32))
+        for k in (1, 2):
+            clocks, kernel_s = soc.model.clocks, soc.model.seconds
+            started = time.perf_counter()
+            board.step(0, np.ones((k, n), np.float32), as_step(step_scalars(OptimizerHyper(), k, divisor=1.0), n),
+                       np.empty(n, np.float32))
+            wall = time.perf_counter() - started
+            rows.append({"k": k, "n": n, "clocks_per_element": (soc.model.clocks - clocks) / n,
+                         "kernel_sim_s": soc.model.seconds - kernel_s, "step_s": wall, "elements_per_s": n / wall})
+    finally:
+        board.close()
+        sock.close()
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m l2l.eps.board_sim", description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", default=f"127.0.0.2:{bm.ETHERBONE_PORT}",
@@ -159,7 +191,15 @@ def main(argv=None) -> int:
     ap.add_argument("--board", default="ecpix5", choices=sorted(bm.DRAM_BYTES))
     ap.add_argument("--lanes", type=int, default=1)
     ap.add_argument("--drop", type=float, default=0.0, help="drop each datagram with this probability")
+    ap.add_argument("--bench", action="store_true", help="time one update through the driver, print, exit")
+    ap.add_argument("--numel", type=int, default=1 << 16, help="--bench: the layer's elements (default %(default)s)")
     args = ap.parse_args(argv)
+    if args.bench:
+        for r in bench(args.numel):
+            print(f"K={r['k']}, n={r['n']}: {r['clocks_per_element']:.3f} kernel clocks an element (LANES 1, "
+                  f"memory that never pauses); step {r['step_s']:.2f} s through the simulated link "
+                  f"({r['elements_per_s']:,.0f} elements/s; the kernel's simulation {r['kernel_sim_s']:.2f} s of it)")
+        return 0
     host, _, port = args.listen.rpartition(":")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((host, int(port)))
