@@ -24,6 +24,8 @@ board's Ethernet (:mod:`l2l.eps.etherbone`), at the addresses of :mod:`l2l.eps.b
 """
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from typing import Sequence
 
@@ -40,6 +42,16 @@ from .kernel_regs import (AP_DONE, AP_IDLE, AP_START, BUFFER_REGS, REG_CTRL, REG
 
 ALIGN = 4096
 MAX_K = 255
+
+
+def _locked(method):
+    """One conversation with the board at a time: the EPS worker's updates and a checkpoint's
+    reads share one socket and one tag counter."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 def _words(a: np.ndarray) -> np.ndarray:
@@ -81,6 +93,7 @@ class BoardBackend(EpsBackend):
             raise UserError("--eps board needs --board-url udp://IP[:PORT] (the board's address)")
         host, port = parse_url(url, bm.ETHERBONE_PORT)
         self.url = f"udp://{host}:{port}"
+        self._lock = threading.RLock()  # write_copy reads the masters under it
         self.link = EtherboneLink(host, port, **({"timeout_s": timeout_s} if timeout_s else {}))
         try:
             self.link.probe()
@@ -102,7 +115,7 @@ class BoardBackend(EpsBackend):
         self._flag = self.dram.take(4, "the flag word")
         self.launches = 0
         self.seconds = 0.0
-        self._reg(REG_IER, 1)  # ap_done raises ISR bit 0: the completion the host polls
+        self.link.write_verified(bm.EPS_BASE + REG_IER, [1])  # ap_done sets ISR bit 0: what the host polls
 
     def describe(self) -> str:
         return f"the {self.board} board at {self.url} (RTL kernel, LANES {self.lanes})"
@@ -125,6 +138,7 @@ class BoardBackend(EpsBackend):
         return addr
 
     # ------------------------------------------------------------ state
+    @_locked
     def allocate(self, layer: int, p: np.ndarray, moments: int = 2) -> None:
         p = np.asarray(p, dtype=np.float32)
         if p.ndim != 1:
@@ -139,26 +153,31 @@ class BoardBackend(EpsBackend):
         self.link.write_verified(addrs[1], zeros)
         self.link.write_verified(addrs[2], zeros)
 
+    @_locked
     def read_state(self, layer: int) -> tuple[np.ndarray, ...]:
         n, *addrs = self._layers[layer]
         return tuple(self.link.read(a, n).view(np.float32) for a in addrs)
 
+    @_locked
     def read_master(self, layer: int) -> np.ndarray:
         n, p, _, _ = self._layers[layer]
         return self.link.read(p, n).view(np.float32)
 
+    @_locked
     def write_state(self, layer: int, p: np.ndarray, *moments: np.ndarray) -> None:
         n, *addrs = self._layers[layer]
         check_state(layer, (p, *moments), n, 2)
         for addr, a in zip(addrs, (p, *moments)):
             self.link.write_verified(addr, _words(a))
 
+    @_locked
     def write_copy(self, layer: int, copy_out: np.ndarray) -> None:
         p = self.read_master(layer)
         check_copy(copy_out, p.shape[0])
         numerics.device_copy(p, copy_out)
 
     # ------------------------------------------------------------ updates
+    @_locked
     def step(self, layer: int, grads: Sequence[np.ndarray], scalars: StepScalars,
              copy_out: np.ndarray, n_decay: int | None = None) -> bool:
         n, p, m, v = self._layers[layer]
