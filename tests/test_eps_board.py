@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -125,6 +126,9 @@ def test_the_link_reads_what_it_wrote_across_records(sim):
     try:
         link.probe()
         words = np.random.default_rng(0).integers(0, 2**32, 1000, dtype=np.uint32)
+        stray = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # not Etherbone: ignored, not a crash
+        stray.sendto(b"\x00\x01junk", link.sock.getsockname())
+        stray.close()
         link.write_verified(board_map.DRAM_BASE + 4096, words)
         assert np.array_equal(link.read(board_map.DRAM_BASE + 4096, 1000), words)
         assert np.array_equal(link.read(board_map.DRAM_BASE + 4096 + 4 * 300, 3), words[300:303])

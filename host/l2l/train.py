@@ -139,6 +139,8 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
     if world > 1:
         if cfg.engine != "l2l":
             raise UserError("torchrun with several machines needs --engine l2l")
+        if cfg.eps == "board":
+            raise UserError("--eps board with several machines is not supported: one board holds one machine's EPS")
         check_offload_machines(cfg, world)
         if rank != 0:  # rank 0 speaks and writes for the run
             cfg = replace(cfg, progress=False, plot=False, plan="off")

@@ -89,6 +89,16 @@ class EtherboneLink:
     def _record(self):
         return self.eb.EtherboneRecord(addr_size=4)
 
+    def _decode(self, data: bytes):
+        """The Etherbone packet in ``data``, or None for a datagram that is not one (a stray
+        sender on the port is ignored, not a crash)."""
+        try:
+            packet = self.eb.EtherbonePacket(32, data)
+            packet.decode()
+        except Exception:  # noqa: BLE001 -- LiteX's codec raises whatever a short buffer makes it raise
+            return None
+        return packet if packet.magic == self.eb.etherbone_magic else None
+
     def probe(self) -> None:
         """Etherbone's probe: the board answers, or BoardTimeout."""
         for _ in range(RETRIES):
@@ -100,9 +110,8 @@ class EtherboneLink:
                 data, _ = self.sock.recvfrom(65536)
             except socket.timeout:
                 continue
-            answer = self.eb.EtherbonePacket(32, data)
-            answer.decode()
-            if answer.pr == 1:
+            answer = self._decode(data)
+            if answer is not None and answer.pr == 1:
                 return
         raise BoardTimeout(f"no Etherbone device answers at udp://{self.host}:{self.port}")
 
@@ -120,9 +129,8 @@ class EtherboneLink:
                 data, _ = self.sock.recvfrom(65536)
             except socket.timeout:
                 data = None
-            if data is not None:
-                answer = self.eb.EtherbonePacket(32, data)
-                answer.decode()
+            answer = None if data is None else self._decode(data)
+            if answer is not None:
                 for record in answer.records:
                     if record.writes is None:
                         continue
