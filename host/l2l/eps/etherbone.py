@@ -176,7 +176,7 @@ class EtherboneLink:
             packet.records = [record]
             self._send(packet)
 
-    def write_verified(self, addr: int, words, rounds: int = RETRIES) -> None:
+    def write_verified(self, addr: int, words, rounds: int = 5 * RETRIES) -> None:
         """Write ``words`` and read them back until the board holds every one (the records that
         differ are written again); BoardTimeout after ``rounds`` rounds."""
         words = np.ascontiguousarray(words, dtype=np.uint32).ravel()
