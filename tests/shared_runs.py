@@ -16,6 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 
 def _shared_root(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
@@ -52,3 +54,24 @@ def cli_once(tmp_path_factory, name: str, run: Callable[[Path], subprocess.Compl
     saved = json.loads((directory / "proc.json").read_text())
     return directory / leaf, subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"],
                                                           saved["stderr"])
+
+
+# ------------------------------------------------------------------ comparing two runs
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """An array's bytes: equal bits, not equal values (NaN payloads, -0.0)."""
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def run_losses(run: Path) -> list[float]:
+    """The training losses a run wrote, step by step."""
+    from l2l.metrics import read_metrics
+    return [x["loss"] for x in read_metrics(run / "metrics.jsonl")]
+
+
+def same_run(a: Path, b: Path) -> None:
+    """The same losses at every step and the same bits in every tensor of the last checkpoint."""
+    from l2l.checkpoint import load_latest
+    assert run_losses(a) == run_losses(b)
+    want, got = load_latest(a).tensors, load_latest(b).tensors
+    assert want.keys() == got.keys() and all(np.array_equal(bits(want[k]), bits(got[k])) for k in want)

@@ -18,7 +18,6 @@ import time
 import numpy as np
 import pytest
 
-from l2l.checkpoint import load_latest
 from l2l.eps import BoardBackend, NumpyBackend, OptimizerHyper, board_map, kernel_regs
 from l2l.eps.board_backend import Dram
 from l2l.eps.contract import step_scalars
@@ -26,10 +25,9 @@ from l2l.eps.etherbone import EtherboneLink
 from l2l.eps.numerics import as_step
 from l2l.eps.rtl_backend import find_tools
 from l2l.errors import UserError
-from l2l.metrics import read_metrics
 
 from conftest import ROOT, run_cli
-from shared_runs import cli_once
+from shared_runs import bits, cli_once, run_losses as _losses, same_run as _same_run
 
 sys.path.insert(0, str(ROOT / "sim"))
 from tb_eps_kernel import register_map  # noqa: E402
@@ -76,10 +74,6 @@ def sim():
     s.close()
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(np.uint8)
-
-
 def _steps(backend, ref, n: int, steps: int, k: int, inf_at: int | None = None) -> None:
     """``steps`` updates of one layer on both backends: the same flags, copies and state bits."""
     rng = np.random.default_rng(n)
@@ -95,9 +89,9 @@ def _steps(backend, ref, n: int, steps: int, k: int, inf_at: int | None = None) 
         got, want = np.full(n, -1, np.float32), np.full(n, -1, np.float32)
         finite = backend.step(0, grads, scalars, got, n_decay=n * 2 // 3)
         assert finite == ref.step(0, grads, scalars, want, n_decay=n * 2 // 3) == (s != inf_at)
-        assert np.array_equal(_bits(got), _bits(want))
+        assert np.array_equal(bits(got), bits(want))
     for a, b in zip(backend.read_state(0), ref.read_state(0)):
-        assert np.array_equal(_bits(a), _bits(b))
+        assert np.array_equal(bits(a), bits(b))
 
 
 # ------------------------------------------------------------------ the map and the link
@@ -141,7 +135,7 @@ def test_the_link_reads_what_it_wrote_across_records(sim):
 
 # ------------------------------------------------------------------ the backend
 
-def test_board_updates_are_numpys_bits(sim):
+def test_board_updates_are_numpysbits(sim):
     """K = 1 and 2 contributions, weight decay on a prefix, a skipped update (an inf in one
     contribution: the kernel's own check writes flag 0 and leaves the layer as it was)."""
     board = BoardBackend(sim.url)
@@ -156,7 +150,7 @@ def test_board_updates_are_numpys_bits(sim):
         copy, want = np.empty(3001, np.float32), np.empty(3001, np.float32)
         board.write_copy(0, copy)
         ref.write_copy(0, want)
-        assert np.array_equal(_bits(copy), _bits(want))
+        assert np.array_equal(bits(copy), bits(want))
     finally:
         board.close()
 
@@ -184,16 +178,6 @@ def test_the_drams_size_bounds_the_model_in_one_line():
 
 
 # ------------------------------------------------------------------ training runs from the command line
-
-def _losses(run) -> list[float]:
-    return [x["loss"] for x in read_metrics(run / "metrics.jsonl")]
-
-
-def _same_run(a, b) -> None:
-    assert _losses(a) == _losses(b)
-    want, got = load_latest(a).tensors, load_latest(b).tensors
-    assert want.keys() == got.keys() and all(np.array_equal(_bits(want[k]), _bits(got[k])) for k in want)
-
 
 @pytest.fixture(scope="module")
 def numpy_run(tmp_path_factory):

@@ -13,7 +13,6 @@ import json
 import numpy as np
 import pytest
 
-from l2l.checkpoint import load_latest
 from l2l.eps import NumpyBackend, OptimizerHyper, RtlBackend, numerics
 from l2l.eps import kernel_regs as kr
 from l2l.eps import rtl_backend as rb
@@ -23,7 +22,7 @@ from l2l.errors import UserError
 from l2l.metrics import read_metrics
 
 from conftest import ROOT, run_cli, run_python
-from shared_runs import cli_once, made_once
+from shared_runs import bits, cli_once, made_once, run_losses as _losses, same_run as _same_run
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--micro-batches", "2", "--eval-batches", "1", "--no-progress", "--eval-every", "0"]
@@ -49,10 +48,6 @@ def models(tmp_path_factory):
     """Every model the tests use, built (or found in the cache) once for the session: a build
     holds a lock file beside its target, so two workers never build one model twice."""
     made_once(tmp_path_factory, "rtl-models", lambda _: [rb.build_library(rb.parameters(*m)) for m in MODELS])
-
-
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(np.uint8)
 
 
 def same_state(a, b, layer: int) -> bool:
@@ -172,17 +167,6 @@ def test_models_are_cached_by_content(models, tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ training runs from the command line
-
-def _losses(run) -> list[float]:
-    return [x["loss"] for x in read_metrics(run / "metrics.jsonl")]
-
-
-def _same_run(a, b) -> None:
-    """The same losses at every step and the same bits in every tensor of the last checkpoint."""
-    assert _losses(a) == _losses(b)
-    want, got = load_latest(a).tensors, load_latest(b).tensors
-    assert want.keys() == got.keys() and all(np.array_equal(bits(want[k]), bits(got[k])) for k in want)
-
 
 def _train(out, *args, eps: str, standin: str | None = None):
     argv = ("train", *TINY, *args, "--eps", eps, "--out", str(out))

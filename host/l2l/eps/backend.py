@@ -26,6 +26,7 @@ from .numerics import COPY_DTYPES, GRAD_DTYPES
 class EpsBackend(ABC):
     name: ClassVar[str]
     optimizers: ClassVar[frozenset[str]] = frozenset({"adamw"})  # those whose updates it runs
+    probe_numel: ClassVar[int] = 4 << 20  # the layer the planner's rate probe updates (l2l.planner.measure)
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:

