@@ -16,6 +16,7 @@ for fp16 ``torch.amp.GradScaler`` -- the reference the relay's
 """
 from __future__ import annotations
 
+from typing import Collection
 
 import numpy as np
 import torch
@@ -79,16 +80,24 @@ class PlainEngine:
         weights = {name: p.to(self.compute_dtype) for name, p in module.named_parameters()}
         return functional_call(module, weights, args)
 
-    def _loss_sum(self, batch: Batch) -> torch.Tensor:
+    def _loss_sum(self, batch: Batch, skip_blocks: Collection[int] = ()) -> torch.Tensor:
         x = batch.inputs.to(self.device)
         pre, *blocks, post = self.modules
         x = self._call(pre, x)
-        for block in blocks:
+        for b, block in enumerate(blocks):
+            if b in skip_blocks:  # left out of this step: no gradient, so AdamW leaves its state alone
+                continue
             x = (checkpoint(self._call, block, x, use_reentrant=False) if self.checkpointing
                  else self._call(block, x))
         return self._call(post, x, batch.targets.to(self.device))
 
-    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
+    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None,
+                   skip_blocks: Collection[int] = ()) -> StepResult:
+        """One step; the blocks in ``skip_blocks`` (0-based) are left out of it (dynamic depth):
+        their parameters get no gradient, which torch's optimizers skip (no step, no decay)."""
+        blocks = len(self.modules) - 2
+        if not set(skip_blocks) <= set(range(blocks)):
+            raise ValueError(f"blocks to skip {sorted(skip_blocks)} outside 0..{blocks - 1}")
         self.stack.train(True)
         divisor = global_targets or batch.num_targets
         if self.device.type == "cuda":
@@ -97,7 +106,7 @@ class PlainEngine:
         scale = self.scaler.get_scale() if self.scaler else 1.0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for mb in batch.split(self.micro_batches):  # gradients accumulate over micro-batches
-            part = self._loss_sum(mb)
+            part = self._loss_sum(mb, skip_blocks)
             loss = part / divisor
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += part.detach()

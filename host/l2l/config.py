@@ -24,7 +24,7 @@ EPS_LAYOUTS = ("sharded", "replicated")
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
                    "adam_eps", "seed", "data", "tokenizer", "schedule_steps", "precision", "overflow",
-                   "clip_grad_norm", "weight_decay_all", "optimizer")
+                   "clip_grad_norm", "weight_decay_all", "optimizer", "layer_drop")
 # What a run recorded before a setting existed did, where that is not today's default: a
 # checkpoint's record without the key is read with this value (resume, export).
 LEGACY_DEFAULTS = {"weight_decay_all": True}  # runs before the parameter groups decayed everything
@@ -39,6 +39,7 @@ class TrainConfig:
     seq_len: int = ModelConfig.seq_len
     dropout: float = ModelConfig.dropout
     init: str = ModelConfig.init  # --model DIR: pretrained (its weights) or random
+    layer_drop: float = 0.0  # LayerDrop: each block left out of a step with this probability (l2l.depth)
     batch_size: int = 32
     micro_batches: int = 4
     steps: int = 300
@@ -179,6 +180,7 @@ class TrainConfig:
              f"--d-model {self.d_model} is not a multiple of --heads {self.heads}")
         need(self.seq_len >= 2, f"--seq-len must be at least 2 (got {self.seq_len})")
         need(0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1) (got {self.dropout})")
+        need(0.0 <= self.layer_drop < 1.0, f"--layer-drop must be in [0, 1) (got {self.layer_drop})")
         need(self.batch_size >= 1, f"--batch-size must be positive (got {self.batch_size})")
         need(self.micro_batches >= 1, f"--micro-batches must be positive (got {self.micro_batches})")
         need(self.batch_size % self.micro_batches == 0,

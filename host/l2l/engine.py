@@ -14,7 +14,7 @@ run can move between engines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Collection, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -46,9 +46,11 @@ class Engine(Protocol):
 
     name: str  # "l2l" | "plain"
 
-    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
+    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None,
+                   skip_blocks: Collection[int] = ()) -> StepResult:
         """One optimizer step over ``batch`` (0-based ``step`` seeds dropout). ``global_targets``:
-        the loss's divisor when ``batch`` is this process's shard of a larger batch."""
+        the loss's divisor when ``batch`` is this process's shard of a larger batch. ``skip_blocks``:
+        the blocks (0-based) the step leaves out, whose state it leaves untouched (``l2l.depth``)."""
 
     def evaluate(self, batches: list[Batch]) -> float:
         """Mean token loss over ``batches``, without dropout, changing no state."""

@@ -50,6 +50,9 @@ MODEL = (
     Option("--heads", "attention heads (default %(default)s)", int),
     Option("--seq-len", "tokens per sequence (default %(default)s)", int),
     Option("--dropout", "dropout probability (default %(default)s)", float),
+    Option("--layer-drop", "LayerDrop: each block is left out of a training step with this probability, drawn "
+           "per step from --seed (not fetched, not computed, not updated; evaluation runs every block; "
+           "default %(default)s)", float),
 )
 BATCH = (
     Option("--batch-size", "global batch: sequences per step (default %(default)s)", int),

@@ -22,6 +22,7 @@ from . import distributed
 from .build import build_engine, check_offload_machines, offload_tiers, resolve_device
 from .config import LEGACY_DEFAULTS, TrainConfig
 from .data import BatchSampler, load_corpus
+from .depth import DepthPolicy, LayerDrop, blocks_left_out
 from .engine import Engine
 from .eps.disk_tier import check_run_id
 from .eps.sharded_server import ShardedParamServer
@@ -124,17 +125,21 @@ def run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.out or f"runs/{cfg.model}-{cfg.engine}")
 
 
-def train(cfg: TrainConfig) -> RunSummary:
+def train(cfg: TrainConfig, depth: DepthPolicy | None = None) -> RunSummary:
+    """Train as ``cfg`` says. ``depth``: which blocks each step leaves out (``l2l.depth``; a
+    function of the step alone, so a resume repeats it); default ``--layer-drop``'s draw."""
     cfg = resumed(cfg, run_dir(cfg))  # a run of a model directory resumes from its own copy
     cfg.check()
+    if depth is not None and cfg.layer_drop:
+        raise UserError("a depth policy and --layer-drop both choose the blocks a step runs: give one")
     machines = distributed.setup()  # None unless launched as one of several ranks
     try:
-        return _train(cfg, machines)
+        return _train(cfg, machines, depth)
     finally:
         distributed.teardown()
 
 
-def _train(cfg: TrainConfig, machines) -> RunSummary:
+def _train(cfg: TrainConfig, machines, depth: DepthPolicy | None) -> RunSummary:
     rank, world = (machines.rank, machines.world) if machines else (0, 1)
     if world > 1:
         if cfg.engine != "l2l":
@@ -176,6 +181,9 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
         val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
                                    name="val", **masking).fixed_batches(cfg.eval_batches)
     stack = build_stack(cfg.model_config(), cfg.seed)
+    blocks = len(stack.layers) - 2
+    if depth is None and cfg.layer_drop:
+        depth = LayerDrop(cfg.layer_drop, blocks, cfg.seed)
     if tokenizer.vocab_size > stack.vocab_size:
         raise UserError(f"the tokenizer ({tokenizer.description}) has {tokenizer.vocab_size:,} tokens, more than "
                         f"the model's {stack.vocab_size:,} embeddings")
@@ -205,13 +213,13 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
         if is_model_dir(cfg.model) and (saved is None or model_copy(out) is None):
             keep_model(cfg.model, out, stack.config.get("tensors"))  # what resume and export need of it
     try:
-        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, plan, rank, world)
+        return _run(cfg, out, device, corpus, sampler, val_batches, stack, engine, saved, plan, rank, world, depth)
     finally:
         engine.close()
 
 
 def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, saved, plan, rank=0,
-         world=1) -> RunSummary:
+         world=1, depth: DepthPolicy | None = None) -> RunSummary:
     main = rank == 0
     start = 0
     initial_val = None
@@ -257,12 +265,14 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                        total_steps=cfg.total_schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
             engine.set_lr(lr)
             batch = sampler.next()
+            skip = _left_out(depth, step, len(stack.layers) - 2)
             t0 = time.perf_counter()
             if world > 1:  # this machine's shard; the loss's divisor stays the global batch's
-                result = engine.train_step(batch.split(world)[rank], step, global_targets=batch.num_targets)
+                result = engine.train_step(batch.split(world)[rank], step, global_targets=batch.num_targets,
+                                           skip_blocks=skip)
                 result.loss = distributed.sum_over_machines(result.parts or [result.loss])
             else:
-                result = engine.train_step(batch, step)
+                result = engine.train_step(batch, step, skip_blocks=skip)
             dt = time.perf_counter() - t0
             step_times.append(dt)
             if not math.isfinite(result.loss):
@@ -288,6 +298,7 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
                            "device_weight_peak_bytes": result.device_weight_peak_bytes,
                            "loss_scale": result.loss_scale, "skipped_layers": result.skipped_layers,
                            "grad_norm": result.grad_norm,
+                           **({"skipped_blocks": sorted(skip)} if depth is not None else {}),
                            **({"eps_disk": disk_mark} if disk_mark is not None else {})})
             bar.update(1)
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | dev {result.device_peak_bytes / 2**20:.1f} MiB"
@@ -342,6 +353,17 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         say(f"l2l: validation loss {initial_val:.4f} -> {last_val:.4f} "
             f"({last_val / initial_val:.0%} of step 0); record in {out}")
     return summary
+
+
+def _left_out(depth: DepthPolicy | None, step: int, blocks: int) -> frozenset[int]:
+    """The blocks ``depth`` leaves out of ``step`` (none without a policy); a policy's mistake
+    is the user's, in one line."""
+    if depth is None:
+        return frozenset()
+    try:
+        return blocks_left_out(depth, step, blocks)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def sharded(engine) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import torch
@@ -150,20 +150,34 @@ class RelayEngine:
         self.ledger.add("weights", sum(_nbytes(w) for *_, w in parts))
         return fetched
 
-    def _keeps_resident(self, i: int) -> bool:
+    def _keeps_resident(self, i: int, running: list[int]) -> bool:
         """Whether the forward keeps layer ``i`` on the device for the backward, which starts
-        with it right after the post stage (an asynchronous transport, a model with blocks)."""
-        return i == len(self.layers) - 2 and i > 0 and self.transport.asynchronous
+        with it right after the post stage: the step's last running block (an asynchronous
+        transport, a step that runs a block)."""
+        return i == running[-1] and i > 0 and self.transport.asynchronous
 
     def _route(self, layers) -> list[int]:
         """The EPS entries fetched for ``layers``, in order."""
         return [e for i in layers for e, _, _ in self.parts[i]]
 
-    def _train_route(self) -> list[int]:
-        """The entries a training step fetches, in the order it fetches them (declared to the
-        EPS, which may prepare them ahead): forward and post, then backward."""
+    def _train_route(self, running: list[int]) -> list[int]:
+        """The entries a training step that runs the layers ``running`` (pre and blocks) fetches,
+        in the order it fetches them (declared to the EPS, which may prepare them ahead):
+        forward and post, then backward."""
         last = len(self.layers) - 1
-        return self._route([*range(last + 1), *(i for i in range(last - 1, -1, -1) if not self._keeps_resident(i))])
+        return self._route([*running, last, *(i for i in reversed(running) if not self._keeps_resident(i, running))])
+
+    def running_layers(self, skip_blocks: Collection[int] = ()) -> list[int]:
+        """The layers a training step runs before the post stage: the pre stage and every block
+        (0-based block numbers; block ``b`` is layer ``b + 1``) not in ``skip_blocks``."""
+        blocks = len(self.layers) - 2
+        skip = set(skip_blocks)
+        if not skip <= set(range(blocks)):
+            raise ValueError(f"blocks to skip {sorted(skip)} outside 0..{blocks - 1}")
+        for b in skip:
+            if self.layers[b + 1].shared:
+                raise ValueError(f"block {b} uses a parameter shared with another layer: it cannot be skipped")
+        return [0, *(b + 1 for b in range(blocks) if b not in skip)]
 
     def _release(self, fetched: _FetchedLayer) -> None:
         self.ledger.sub("weights", sum(_nbytes(w) for *_, w in fetched.parts))
@@ -226,18 +240,25 @@ class RelayEngine:
         self.heap_trimmer()
 
     # ------------------------------------------------------------ training
-    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
+    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None,
+                   skip_blocks: Collection[int] = ()) -> StepResult:
         """One optimizer step over ``batch``; weights update eagerly, layer by layer.
 
         ``global_targets``: the loss's divisor when ``batch`` is one worker's shard of
         a larger batch (the reported loss is then this shard's share of the mean).
+
+        ``skip_blocks``: blocks (0-based) this step leaves out (dynamic depth,
+        ``l2l.depth``): their input passes straight to the next running layer and
+        their gradient straight back; they are neither fetched nor computed, and the
+        EPS gets no gradient for them, so their weights, moments and step counts stay
+        as they were.
 
         Layer boundaries: each hook in ``boundary_hooks`` is called as
         ``hook(engine, phase, i)`` after the forward of layer ``i`` (phase
         ``"forward"``, ``i`` from 0 to L-2), after the post stage (``"post"``,
         ``i`` = L-1: its gradient handed over, its weights released) and after
         each backward layer's hand-over and release (``"backward"``, ``i`` from
-        L-2 down to 0). There, everything the relay holds on the device for the
+        L-2 down to 0) -- the running layers only, with ``skip_blocks``. There, everything the relay holds on the device for the
         step is reachable from the engine -- fetched, prefetched and resident
         weights and their gradients, and the stash (``engine._store`` during a
         step) -- and nothing it has released is: ``relay/audit.py`` measures it
@@ -245,11 +266,11 @@ class RelayEngine:
         computes on the device or changes the engine changes the step.
         """
         try:
-            return self._train_step(batch, step, global_targets)
+            return self._train_step(batch, step, global_targets, self.running_layers(skip_blocks))
         finally:
             self._store = None
 
-    def _train_step(self, batch: Batch, step: int, global_targets: int | None) -> StepResult:
+    def _train_step(self, batch: Batch, step: int, global_targets: int | None, running: list[int]) -> StepResult:
         self.stack.train(True)
         self.ledger.reset_peaks()
         if self.device.type == "cuda":
@@ -264,17 +285,20 @@ class RelayEngine:
         multiplier = scale / divisor
         mbs = self._split(batch)
         last = len(self.layers) - 1
-        self.eps.declare_route(self.contributor, self._train_route(), train=True, consumers=self.eps.contributors)
+        after = dict(zip(running, [*running[1:], last]))  # the layer each running layer's output goes to
+        before = dict(zip(running[1:], running))
+        self.eps.declare_route(self.contributor, self._train_route(running), train=True,
+                               consumers=self.eps.contributors)
         store = self._store = BoundaryStore(self.stash_policy, self.transport, self.ledger,
-                                            schedule=_stash_schedule(last, len(mbs)))
+                                            schedule=_stash_schedule(running, last, len(mbs)))
 
         # forward: pre and blocks, stashing each layer's input and recording each
         # call's graph (no saved tensors) for an early-stopping recompute
         recordings, sinks = {}, {}
         with torch.no_grad():
-            for i in range(last):
+            for i in running:
                 layer = self._fetch(i)
-                self._prefetch(i + 1)
+                self._prefetch(after[i])
                 sinks[i] = WeightSinks()
                 with layer.bound(self._recorder.tap_weights(layer.params, sinks[i])) as module:
                     for j, (tokens, _) in enumerate(mbs):
@@ -282,10 +306,10 @@ class RelayEngine:
                         held = 0 if i == 0 else self._track(x)
                         with self._rng(step, i, j):
                             y, recordings[i, j] = self._recorder.forward(module, x)
-                        store.put(("act", i + 1, j), y)
+                        store.put(("act", after[i], j), y)
                         self.ledger.sub("boundary", held)
                         del x, y
-                if self._keeps_resident(i):
+                if self._keeps_resident(i, running):
                     self._resident[i] = layer
                 else:
                     self._release(layer)
@@ -298,8 +322,8 @@ class RelayEngine:
         if self.overflow == "strict" and self.owns_step:
             self.eps.hold()
         layer = self._fetch(last)
-        if last - 1 not in self._resident:
-            self._prefetch(last - 1)
+        if running[-1] not in self._resident:
+            self._prefetch(running[-1])
         self._with_grad(last, layer)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for j, (_, targets) in enumerate(mbs):
@@ -318,14 +342,14 @@ class RelayEngine:
         self._boundary("post", last)
 
         # backward: blocks and pre in reverse, recomputed from the stash
-        for i in range(last - 1, -1, -1):
+        for i in reversed(running):
             layer = self._fetch(i)
-            self._prefetch(i - 1)
+            self._prefetch(before.get(i, -1))
             self._with_grad(i, layer, sinks.pop(i))
             with layer.bound(self._recorder.leaves(layer.params)) as module:
                 for j, (tokens, _) in enumerate(mbs):
                     x = tokens if i == 0 else store.pop(("act", i, j))
-                    upstream = store.pop(("grad", i + 1, j))
+                    upstream = store.pop(("grad", after[i], j))
                     held = self._track(upstream) + (0 if i == 0 else self._track(x))
                     x = self._recorder.leaf(x)
                     with self._rng(step, i, j):
@@ -445,14 +469,16 @@ def _locked(lock, scope):
         yield
 
 
-def _stash_schedule(last: int, micro_batches: int) -> list[list[tuple]]:
-    """The stash keys each compute call reads, in the order the relay calls them:
-    the blocks' forward (layer inputs), the post stage, then the backward
-    (layer input and upstream gradient). The store prefetches one call ahead."""
-    groups = [[("act", i, j)] for i in range(1, last) for j in range(micro_batches)]
+def _stash_schedule(running: list[int], last: int, micro_batches: int) -> list[list[tuple]]:
+    """The stash keys each compute call reads, in the order the relay calls them, for a step
+    that runs the layers ``running`` and then the post stage ``last``: the blocks' forward
+    (layer inputs), the post stage, then the backward (layer input and upstream gradient).
+    The store prefetches one call ahead."""
+    after = dict(zip(running, [*running[1:], last]))
+    groups = [[("act", i, j)] for i in running[1:] for j in range(micro_batches)]
     groups += [[("act", last, j)] for j in range(micro_batches)]
-    for i in range(last - 1, -1, -1):
-        groups += [([("act", i, j)] if i > 0 else []) + [("grad", i + 1, j)] for j in range(micro_batches)]
+    for i in reversed(running):
+        groups += [([("act", i, j)] if i > 0 else []) + [("grad", after[i], j)] for j in range(micro_batches)]
     return groups
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Collection
 
 import numpy as np
 import torch
@@ -65,9 +66,11 @@ class DataParallelRelay:
     def scaler(self):
         return self.workers[0].scaler
 
-    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None) -> StepResult:
+    def train_step(self, batch: Batch, step: int, *, global_targets: int | None = None,
+                   skip_blocks: Collection[int] = ()) -> StepResult:
         """One optimizer step of ``batch``, each worker on its shard (``global_targets``: the
-        loss's divisor when ``batch`` is itself this machine's shard of a larger batch)."""
+        loss's divisor when ``batch`` is itself this machine's shard of a larger batch), every
+        worker leaving out the same ``skip_blocks``."""
         k = len(self.workers)
         targets = global_targets or batch.num_targets
         shards = batch.split(k)
@@ -75,7 +78,8 @@ class DataParallelRelay:
         if strict:
             self.eps.synchronize()
             self.eps.hold()
-        futures = [self._pool.submit(_on_device, w, w.train_step, shard, step, global_targets=targets)
+        futures = [self._pool.submit(_on_device, w, w.train_step, shard, step, global_targets=targets,
+                                   skip_blocks=skip_blocks)
                    for w, shard in zip(self.workers, shards)]
         results, errors = [], []
         for f in futures:
