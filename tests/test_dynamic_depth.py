@@ -87,6 +87,18 @@ def test_two_devices_leave_out_the_same_blocks(dropped_run, tmp_path):
         assert abs(a["loss"] - b["loss"]) <= 1e-6
 
 
+def test_the_disk_tier_reads_ahead_past_the_blocks_left_out(dropped_run, tmp_path):
+    """--eps-offload reads entries ahead of their updates in the route's order: a left-out
+    block is not on the route, and the bits are the in-memory run's."""
+    out = tmp_path / "disk"
+    r = _train(out, "--steps", "6", "--schedule-steps", str(STEPS), "--eps-offload", str(tmp_path / "eps"),
+               "--eps-offload-copies")
+    assert r.returncode == 0, r.stderr
+    one = read_metrics(dropped_run / "metrics.jsonl")[:6]
+    assert [(m["skipped_blocks"], m["loss"]) for m in read_metrics(out / "metrics.jsonl")] == \
+        [(m["skipped_blocks"], m["loss"]) for m in one]
+
+
 @pytest.mark.parametrize("value", ["1", "-0.1", "1.5"])
 def test_a_layer_drop_outside_0_1_is_one_line(tmp_path, value):
     r = run_cli("train", "--out", str(tmp_path / "run"), "--layer-drop", value)

@@ -131,6 +131,9 @@ CASES = {
     # other joins the sum)
     "lamb-opencl-strict-clip": (2, 1, ["--steps", "2", "--optimizer", "lamb", "--lr", "1e-2", "--eps", "opencl",
                                        "--overflow", "strict", "--clip-grad-norm", "0.5"]),
+    # LayerDrop: block 0 left out of steps 1 and 2, both blocks of step 3 (seed 0's draws): the
+    # machines skip the same entries' updates and collectives
+    "layer-drop": (2, 1, ["--steps", "3", "--layer-drop", "0.5"]),
 }
 
 

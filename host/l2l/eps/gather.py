@@ -19,8 +19,10 @@ declaration of a training step as its route; the others join it).
 
 **Why a gathered copy is the one the relay would have read.** A step's updates land after
 the step's last fetch of each entry (an entry's gradient is handed over after its last
-use in the step), so a pass needs every update of the training passes declared before it,
-and no other. The gather of an entry waits until the server has settled that many
+use in the step), and a training pass updates exactly the entries on its route (a step
+that leaves a block out, ``l2l.depth``, neither fetches nor updates it), so a pass needs,
+of each entry, the updates of the training passes declared before it whose routes hold
+the entry, and no other. The gather of an entry waits until the server has settled that many
 updates of it (applied or, not finite, skipped: ``wait_settled``); its slice is read
 before the entry's next update can start, which needs the relay to have fetched it.
 
@@ -47,7 +49,7 @@ class _Pass:
     route: list[int]
     consumers: int
     train: bool
-    trained_before: int           # training passes declared before this one
+    trained_before: dict[int, int]  # entry -> training passes declared before this one that update it
     joined: set[int] = field(default_factory=set)
     done: int = 0                 # consumers that fetched the whole route
 
@@ -74,7 +76,7 @@ class CopyGather:
         self._cv = threading.Condition()
         self._passes: dict[int, _Pass] = {}
         self._declared = 0       # passes declared so far: the next one's index
-        self._trained = 0        # training passes declared so far
+        self._trained: dict[int, int] = {}  # entry -> training passes declared so far that update it
         self._cursor: dict[int, tuple[int, int]] = {}  # worker -> (pass, next position)
         self._ready: dict[tuple[int, int], np.ndarray] = {}
         self._taken: dict[tuple[int, int], int] = {}
@@ -99,9 +101,13 @@ class CopyGather:
                               and p.train == train and worker not in p.joined and p.route == route), None)
             if index is None:
                 index = self._declared
-                self._passes[index] = _Pass(list(route), consumers, train, self._trained)
+                entries = set(route)
+                self._passes[index] = _Pass(list(route), consumers, train,
+                                            {e: self._trained.get(e, 0) for e in entries})
                 self._declared += 1
-                self._trained += train
+                if train:
+                    for e in entries:
+                        self._trained[e] = self._trained.get(e, 0) + 1
             self._passes[index].joined.add(worker)
             self._cursor[worker] = (index, 0)
             self._cv.notify_all()
@@ -174,7 +180,7 @@ class CopyGather:
                 index, pos = at
                 with self._cv:
                     p = self._passes[index]
-                    entry, trained_before, train = p.route[pos], p.trained_before, p.train
+                    entry, trained_before, train = p.route[pos], p.trained_before[p.route[pos]], p.train
                 copy = self._gather_one(entry, trained_before, train)
                 with self._cv:
                     self._ready[(index, pos)] = copy
