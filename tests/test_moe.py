@@ -261,3 +261,14 @@ def test_what_is_not_supported_is_one_line(tmp_path):
     _refused(tmp_path, mixtral, "--engine", "plain", "--accumulate", "--micro-batches", "2",
              ["--accumulate", "output_router_logits"])
     assert not (tmp_path / "out").exists()
+
+
+def test_transformers_4_is_refused_for_moe_families(tmp_path, monkeypatch):
+    """Routers and experts are found as transformers 5 lays them out: below 5, one line."""
+    from l2l.errors import UserError
+    from l2l.models.pretrained import read_config
+    directory = _write(tmp_path, "qwen3_moe")
+    monkeypatch.setattr("transformers.__version__", "4.51.1")
+    with pytest.raises(UserError, match=r"qwen3_moe \(mixture of experts\) needs transformers>=5.0, this "
+                                        r"environment has 4.51.1"):
+        read_config(directory)

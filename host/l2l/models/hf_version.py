@@ -58,6 +58,7 @@ def need_fused_experts(model_type: str) -> None:
     """Refuse, in one line, a mixture-of-experts checkpoint under a transformers older than 5:
     l2l reads router logits and expert weights as transformers 5 lays them out (and was tested
     there only), not 4.x's per-expert modules and router logits returned by each layer."""
+    need_transformers()
     import transformers
     from packaging.version import Version
     if Version(transformers.__version__) < Version(FUSED_EXPERTS_SINCE):
