@@ -184,8 +184,19 @@ def _my_llama(path: Path) -> None:
                                  tie_word_embeddings=False)).save_pretrained(path)
 
 
+def _my_mixtral(path: Path) -> None:
+    """A tiny Mixtral checkpoint (4 experts, top-2) with its load-balancing loss on."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    MixtralForCausalLM(MixtralConfig(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                     num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                                     tie_word_embeddings=False)).save_pretrained(path)
+
+
 # Files a README line names as the user's own (``./my-...``): the test makes small ones.
-USER_FILES = {"./my-llama": _my_llama, "./my-chats.jsonl": _my_chats}
+USER_FILES = {"./my-llama": _my_llama, "./my-chats.jsonl": _my_chats, "./my-mixtral": _my_mixtral}
 
 
 def _user_files(words: list[str], tmp: Path) -> list[str]:

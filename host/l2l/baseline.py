@@ -80,7 +80,10 @@ class PlainEngine:
         weights = {name: p.to(self.compute_dtype) for name, p in module.named_parameters()}
         return functional_call(module, weights, args)
 
-    def _loss_sum(self, batch: Batch, skip_blocks: Collection[int] = ()) -> torch.Tensor:
+    def _loss_sum(self, batch: Batch, grad_scale: float = 1.0, skip_blocks: Collection[int] = ()) -> torch.Tensor:
+        """The summed token loss; an MoE model's routers count this batch's routing
+        (``stack.router_balance.finish()`` reads it, before any backward)."""
+        self.stack.router_balance.start(grad_scale)
         x = batch.inputs.to(self.device)
         pre, *blocks, post = self.modules
         x = self._call(pre, x)
@@ -106,7 +109,8 @@ class PlainEngine:
         scale = self.scaler.get_scale() if self.scaler else 1.0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for mb in batch.split(self.micro_batches):  # gradients accumulate over micro-batches
-            part = self._loss_sum(mb, skip_blocks)
+            part = self._loss_sum(mb, scale, skip_blocks)
+            aux_loss = self.stack.router_balance.finish()  # one micro-batch (build.py): its routing all counted
             loss = part / divisor
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += part.detach()
@@ -125,7 +129,7 @@ class PlainEngine:
             self.optimizer.step()
         weight_bytes = sum(p.numel() * p.element_size() * 2 for p in self.params)
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else weight_bytes
-        return StepResult(loss=loss_sum.item() / divisor, tokens=batch.inputs.numel(),
+        return StepResult(loss=loss_sum.item() / divisor + aux_loss, tokens=batch.inputs.numel(),
                           eps_wait_s=0.0, device_peak_bytes=peak, device_weight_peak_bytes=weight_bytes,
                           loss_scale=scale, skipped_layers=skipped, grad_norm=grad_norm)
 
@@ -133,7 +137,8 @@ class PlainEngine:
     def evaluate(self, batches: list[Batch]) -> float:
         self.stack.train(False)
         try:
-            total = sum(float(self._loss_sum(b)) for b in batches)
+            total = sum(float(self._loss_sum(b)) + self.stack.router_balance.finish() * b.num_targets
+                        for b in batches)  # an MoE model's load-balancing term as transformers reports it
             return total / sum(b.num_targets for b in batches)
         finally:
             self.stack.train(True)

@@ -91,6 +91,7 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
     if cfg.micro_batches % (world * cfg.devices):
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({world} x {cfg.devices})")
+    check_router_balance(cfg, stack, world)
     if cfg.engine == "plain":
         return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
                            precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm,
@@ -132,6 +133,20 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
                              seed=cfg.seed, precision=cfg.precision, overflow=cfg.overflow,
                              clip_grad_norm=cfg.clip_grad_norm, transports=transports,
                              dropout=cfg.dropout > 0, micro_batch_offset=rank * m)
+
+
+def check_router_balance(cfg: TrainConfig, stack: LayerStack, world: int) -> None:
+    """An MoE model's load-balancing loss counts the routing of the whole batch before any
+    backward (``models/router_balance.py``): one worker's relay, or the plain engine on one
+    micro-batch. Across workers the counts would need an all-reduce l2l does not make."""
+    if not stack.router_balance.active:
+        return
+    if cfg.engine == "plain" and cfg.accumulate and cfg.micro_batches > 1:
+        raise UserError("--accumulate with a router load-balancing loss (output_router_logits): the plain engine "
+                        "would back-propagate a micro-batch before the batch's routing is counted; use --engine l2l")
+    if world * cfg.devices > 1:
+        raise UserError(f"a router load-balancing loss (output_router_logits) needs the whole batch's routing on one "
+                        f"worker; this run has {world * cfg.devices} (machines x --devices)")
 
 
 def worker_devices(device: torch.device, count: int) -> list[torch.device]:

@@ -20,6 +20,7 @@ import torch
 from .checkpoint import load_latest
 from .config import TrainConfig
 from .errors import UserError
+from .models.expert_weights import stored_pieces
 from .models.pretrained import checkpoint_keys
 from .run_model import COMPANIONS, export_source, same_model
 
@@ -65,8 +66,9 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
                 flat = torch.from_numpy(ck.tensors[f"layer{e}.p"])
                 for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
                     part = flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
-                    tensors[key] = part.to(DTYPES[dtype]).contiguous().clone()
-                    weight_map[key] = file
+                    for piece in stored_pieces(stack.config["model_type"], key, slot.shape):  # experts: one each
+                        tensors[piece.name] = part[piece.index].to(DTYPES[dtype]).contiguous().clone()
+                        weight_map[piece.name] = file
             from safetensors.torch import save_file
             save_file(tensors, str(tmp / file), metadata={"format": "pt"})
             del tensors

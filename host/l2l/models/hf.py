@@ -41,6 +41,7 @@ from torch import nn
 
 from .config import BYTE_VOCAB, MASK_TOKEN, ModelConfig
 from .layer_masks import LayerMasks
+from .router_balance import RouterBalance
 from .stack import Layer, LayerStack, token_loss_sum
 
 
@@ -71,6 +72,7 @@ class Recipe:
     block_kwargs: Callable[[nn.Module | None, torch.Tensor], dict[str, Any]] = _no_kwargs
     block_aux: str | None = None
     layer_masks: bool = False  # blocks take the attention mask the model's forward gives each (sliding windows)
+    routers: bool = False  # mixture-of-experts blocks: their load-balancing loss (router_balance.py)
 
 
 class Embed(nn.Module):
@@ -151,6 +153,8 @@ def cut_model(recipe: Recipe, model: nn.Module, stack_config: dict, *, decay_gro
         raise ValueError(f"head paths must end in distinct names: {recipe.head}")
     layers.append(Layer("post", "post", Head(parts)))
     stack = LayerStack(layers, stack_config, model.config.vocab_size, decay_groups=decay_groups)
+    if recipe.routers and getattr(model.config, "output_router_logits", False):
+        stack.router_balance = RouterBalance.attach(model, list(model.get_submodule(recipe.blocks)))
     stack.train(True)  # like the built-in model; the relay sets the mode it needs
     return stack
 
@@ -240,3 +244,12 @@ def _rotary_kwargs(rotary: nn.Module | None, hidden: torch.Tensor) -> dict[str, 
 
 DECODER = Recipe(make=None, pre=_decoder_pre, blocks="model.layers", head=("model.norm", "lm_head"),
                  block_kwargs=_rotary_kwargs, block_aux="model.rotary_emb", layer_masks=True)
+
+
+# ---- Mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) ----------
+# The HF decoder layer is the block, as for Llama: its router, top-k, experts and
+# shared expert (Qwen2-MoE's, with its sigmoid gate) are transformers' own modules,
+# and one block -- all its experts -- is one EPS entry.
+
+MOE_DECODER = Recipe(make=None, pre=_decoder_pre, blocks="model.layers", head=("model.norm", "lm_head"),
+                     block_kwargs=_rotary_kwargs, block_aux="model.rotary_emb", layer_masks=True, routers=True)

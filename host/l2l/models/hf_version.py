@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..errors import UserError
 
 DTYPE_KEYWORD_SINCE = "4.56"  # from_config/from_pretrained took ``torch_dtype=`` before
+FUSED_EXPERTS_SINCE = "5.0"  # MoE routers as modules whose logits transformers records, experts fused
 
 
 def need_transformers() -> None:
@@ -51,3 +52,15 @@ def dtype_kwarg(dtype) -> dict:
     from packaging.version import Version
     new = Version(transformers.__version__) >= Version(DTYPE_KEYWORD_SINCE)
     return {"dtype" if new else "torch_dtype": dtype}
+
+
+def need_fused_experts(model_type: str) -> None:
+    """Refuse, in one line, a mixture-of-experts checkpoint under a transformers older than 5:
+    l2l reads router logits and expert weights as transformers 5 lays them out (and was tested
+    there only), not 4.x's per-expert modules and router logits returned by each layer."""
+    need_transformers()
+    import transformers
+    from packaging.version import Version
+    if Version(transformers.__version__) < Version(FUSED_EXPERTS_SINCE):
+        raise UserError(f"{model_type} (mixture of experts) needs transformers>={FUSED_EXPERTS_SINCE}, this "
+                        f"environment has {transformers.__version__}: pip install 'transformers>={FUSED_EXPERTS_SINCE}'")

@@ -14,7 +14,10 @@ same architecture from the config with fresh weights instead.
 
 Supported: Llama (grouped-query attention, RoPE and its scaling variants, as
 transformers implements them), Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), GPT-2
-and BERT (masked LM), with tied or untied input and output embeddings. A tied
+and BERT (masked LM), with tied or untied input and output embeddings; and the
+mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (docs/moe.md: their
+experts' names on disk in ``expert_weights.py``, their load-balancing loss in
+``router_balance.py``). A tied
 embedding stays one tensor: the stack finds it in the pre and post stages and keeps
 it as one shared EPS entry (``stack.py``), read from and exported under the name
 ``save_pretrained`` gives it (the input embedding's). A sliding window (Mistral's,
@@ -37,7 +40,7 @@ which the run's checkpoint then replaces, so a resume reads nothing of the sourc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -45,7 +48,8 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .hf_version import dtype_kwarg
+from .expert_weights import Piece, piece_shape, stored_pieces
+from .hf_version import dtype_kwarg, need_fused_experts
 from .stack import LayerStack
 from .weight_files import SafetensorsWeights
 
@@ -65,6 +69,10 @@ FAMILIES = {
     "qwen3": PretrainedFamily("DECODER", "AutoModelForCausalLM", "causal"),
     "gpt2": PretrainedFamily("GPT2", "AutoModelForCausalLM", "causal", "n_positions"),
     "bert": PretrainedFamily("BERT", "AutoModelForMaskedLM", "mlm", "max_position_embeddings"),
+    "mixtral": PretrainedFamily("MOE_DECODER", "AutoModelForCausalLM", "causal"),
+    "qwen2_moe": PretrainedFamily("MOE_DECODER", "AutoModelForCausalLM", "causal"),
+    "qwen3_moe": PretrainedFamily("MOE_DECODER", "AutoModelForCausalLM", "causal"),
+    "olmoe": PretrainedFamily("MOE_DECODER", "AutoModelForCausalLM", "causal"),
 }
 SUPPORTED = tuple(FAMILIES)
 INITS = ("pretrained", "random")
@@ -87,7 +95,19 @@ def read_config(directory: str | Path) -> dict:
     if model_type not in SUPPORTED:
         raise UserError(f"{directory}: model_type {model_type!r} is not supported; supported families: "
                         f"{', '.join(SUPPORTED)}")
+    if FAMILIES[model_type].recipe == "MOE_DECODER":
+        need_fused_experts(model_type)
+        _check_experts(directory, config)
     return config
+
+
+def _check_experts(directory, config: dict) -> None:
+    """A router chooses ``num_experts_per_tok`` of its experts: at least one, at most all."""
+    experts = config.get("num_local_experts", config.get("num_experts"))
+    top_k = config.get("num_experts_per_tok")
+    if isinstance(experts, int) and isinstance(top_k, int) and not 1 <= top_k <= experts:
+        raise UserError(f"{directory}: num_experts_per_tok {top_k} with {experts} experts; a router chooses "
+                        "between 1 and all of its experts")
 
 
 def family_of(directory: str | Path) -> PretrainedFamily:
@@ -137,11 +157,24 @@ def build_pretrained(directory: str, init: str, seq_len: int | None = None, *,
     stack, keys, base_prefix = _meta_stack(directory, decay_groups)
     stack.config["tensors"] = weights.digest()
     layouts = [stack.entry_layout(e)[1] for e in range(stack.num_entries)]
-    stored = iter(weights.check([(key, slot.shape) for layout, entry_keys in zip(layouts, keys)
-                                 for slot, key in zip(layout.slots, entry_keys)], base_prefix))
-    for e, layout in enumerate(layouts):
-        _set_source(stack, e, _reader(weights, layout, [next(stored) for _ in layout.slots]))
+    pieces = [[_pieces_in(weights, config["model_type"], key, slot.shape) for slot, key in zip(layout.slots, entry_keys)]
+              for layout, entry_keys in zip(layouts, keys)]
+    stored = iter(weights.check([(piece.name, piece_shape(slot.shape, piece))
+                                 for layout, entry_pieces in zip(layouts, pieces)
+                                 for slot, slot_pieces in zip(layout.slots, entry_pieces)
+                                 for piece in slot_pieces], base_prefix))
+    for e, (layout, entry_pieces) in enumerate(zip(layouts, pieces)):
+        _set_source(stack, e, _reader(weights, layout, [[replace(piece, name=next(stored)) for piece in slot_pieces]
+                                                        for slot_pieces in entry_pieces]))
     return stack
+
+
+def _pieces_in(weights: SafetensorsWeights, model_type: str, key: str, shape) -> list[Piece]:
+    """Where the parameter ``key`` lies in the files: under its own name if they hold it (a
+    fused expert tensor included), else as ``save_pretrained`` writes it (``expert_weights.py``)."""
+    if key in weights.tensors:
+        return [Piece(key, ())]
+    return stored_pieces(model_type, key, tuple(shape))
 
 
 def recorded_tensors(directory: str | Path) -> str | None:
@@ -232,15 +265,17 @@ def _configs(directory: str):
     return config, {"model_type": config_dict["model_type"], "config": config_dict}
 
 
-def _reader(weights: SafetensorsWeights, layout, stored: list[str]):
-    """An entry's weights from the checked files, by each slot's stored tensor name."""
+def _reader(weights: SafetensorsWeights, layout, stored: list[list[Piece]]):
+    """An entry's weights from the checked files, by each slot's stored tensors (its pieces)."""
     def read() -> np.ndarray:
         flat = np.empty(layout.numel, np.float32)
         into = torch.from_numpy(flat)
-        for slot, key in zip(layout.slots, stored):
-            t = weights.read(key)
-            # converted as it is copied: no fp32 temporary of a bf16/fp16 tensor
-            into[slot.offset:slot.offset + slot.numel].copy_(t.reshape(-1))
-            del t
+        for slot, pieces in zip(layout.slots, stored):
+            view = into[slot.offset:slot.offset + slot.numel].view(slot.shape)
+            for piece in pieces:
+                t = weights.read(piece.name)
+                # converted as it is copied: no fp32 temporary of a bf16/fp16 tensor
+                view[piece.index].copy_(t)
+                del t
         return flat
     return read

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .decay_groups import no_decay_names
+from .router_balance import NoRouterBalance
 
 IGNORE_INDEX = -100
 
@@ -148,6 +149,7 @@ class LayerStack:
         kinds = [layer.kind for layer in self.layers]
         if len(kinds) < 3 or kinds[0] != "pre" or kinds[-1] != "post" or set(kinds[1:-1]) != {"block"}:
             raise ValueError(f"a layer stack is pre, blocks, post; got {kinds}")
+        self.router_balance = NoRouterBalance()  # an MoE model's load-balancing loss (router_balance.py)
         self.shared: list[SharedParam] = []
         users: dict[int, list[tuple[int, str, nn.Parameter]]] = {}
         for i, layer in enumerate(self.layers):

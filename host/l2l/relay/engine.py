@@ -294,6 +294,7 @@ class RelayEngine:
 
         # forward: pre and blocks, stashing each layer's input and recording each
         # call's graph (no saved tensors) for an early-stopping recompute
+        self.stack.router_balance.start(scale)  # MoE routers count the whole step's routing
         recordings, sinks = {}, {}
         with torch.no_grad():
             for i in running:
@@ -316,6 +317,8 @@ class RelayEngine:
                 del layer  # released: no local keeps its weights alive
                 self.eps.poll()
                 self._boundary("forward", i)
+
+        aux_loss = self.stack.router_balance.finish()  # counted once: not again in the recompute
 
         # post stage: forward and backward at once
         grad_norm = None
@@ -367,7 +370,7 @@ class RelayEngine:
         assert len(store) == 0, "stash not drained"
         if self.overflow == "strict" and self.owns_step:
             skipped, grad_norm = self._commit()
-        loss = loss_sum.item() / divisor
+        loss = loss_sum.item() / divisor + aux_loss
         return StepResult(
             loss=loss,
             tokens=batch.inputs.numel(),
@@ -398,6 +401,7 @@ class RelayEngine:
             for batch in batches:
                 mbs = self._split(batch)
                 xs = [tokens for tokens, _ in mbs]
+                self.stack.router_balance.start()
                 for i in range(len(self.layers)):
                     layer = self._fetch(i)
                     self._prefetch(i + 1)
@@ -406,6 +410,7 @@ class RelayEngine:
                     else:
                         total += sum(float(layer(x, t)) for x, (_, t) in zip(xs, mbs))
                     self._release(layer)
+                total += self.stack.router_balance.finish() * batch.num_targets  # as transformers reports it
                 count += batch.num_targets
             return total / count
         finally:
