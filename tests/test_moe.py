@@ -115,7 +115,7 @@ def _master_by_name(directory: Path, weights) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("name,steps,engine", [
-    ("mixtral", 20, "l2l"), ("qwen2_moe", 3, "l2l"), ("qwen3_moe", 3, "l2l"), ("olmoe", 3, "l2l"),
+    ("mixtral", 20, "l2l"), ("qwen2_moe", 20, "l2l"), ("qwen3_moe", 20, "l2l"), ("olmoe", 20, "l2l"),
     ("qwen2_moe-dense-layer", 3, "l2l"), ("mixtral-no-aux", 2, "l2l"), ("qwen2_moe", 2, "plain")])
 def test_fine_tuning_equals_transformers_trained_with_adamw(name, steps, engine, tmp_path, trainer_decay_names):
     """The relay over 4 micro-batches (or the plain engine on the whole batch), step by step
