@@ -27,6 +27,8 @@ from .eps.disk_tier import check_run_id
 from .eps.sharded_server import ShardedParamServer
 from .errors import UserError
 from .hostmem import memory_status, runtime_resident
+from .lora.build import build_lora_stack
+from .lora.spec import enabled as lora_enabled
 from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
@@ -175,7 +177,7 @@ def _train(cfg: TrainConfig, machines) -> RunSummary:
                                **masking)
         val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
                                    name="val", **masking).fixed_batches(cfg.eval_batches)
-    stack = build_stack(cfg.model_config(), cfg.seed)
+    stack = build_lora_stack(cfg, cfg.seed) if lora_enabled(cfg) else build_stack(cfg.model_config(), cfg.seed)
     if tokenizer.vocab_size > stack.vocab_size:
         raise UserError(f"the tokenizer ({tokenizer.description}) has {tokenizer.vocab_size:,} tokens, more than "
                         f"the model's {stack.vocab_size:,} embeddings")
