@@ -198,3 +198,17 @@ def test_bad_lora_input_is_one_line(base_dir, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (args, r.stderr)
         assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def _fit(*extra: str) -> dict:
+    r = run_cli("plan", "--fit", "--device", "cuda", "--device-memory", "80", "--host-memory", "64",
+                "--d-model", "4096", "--heads", "32", "--json", *extra)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_the_planner_fits_a_base_four_times_larger():
+    """2 bytes a frozen base parameter and no state, against AdamW's 12 and the device copy's."""
+    full, lora = _fit(), _fit("--lora-rank", "16")
+    assert lora["params"] >= 4 * full["params"] and lora["binding"] == full["binding"] == "host"
+    assert "--lora-rank 16" in lora["train"]

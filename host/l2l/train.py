@@ -28,7 +28,7 @@ from .eps.sharded_server import ShardedParamServer
 from .errors import UserError
 from .hostmem import memory_status, runtime_resident
 from .lora.build import build_lora_stack
-from .lora.spec import enabled as lora_enabled
+from .lora.spec import check_model as check_lora_model, enabled as lora_enabled
 from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
@@ -129,6 +129,8 @@ def run_dir(cfg: TrainConfig) -> Path:
 def train(cfg: TrainConfig) -> RunSummary:
     cfg = resumed(cfg, run_dir(cfg))  # a run of a model directory resumes from its own copy
     cfg.check()
+    if lora_enabled(cfg):
+        check_lora_model(cfg)  # before any data is read
     machines = distributed.setup()  # None unless launched as one of several ranks
     try:
         return _train(cfg, machines)

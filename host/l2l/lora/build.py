@@ -29,13 +29,14 @@ from ..models.weight_files import SafetensorsWeights
 from ..seeds import derive_seed
 from .adapter_files import AdapterWeights, peft_key
 from .frozen import FrozenBase
-from .spec import LoraSpec, lora_spec
+from .spec import LoraSpec, check_model, lora_spec
 
 ADAPTER = "default"  # peft's adapter name, which its saved files leave out
 
 
 def build_lora_stack(cfg, seed: int) -> LayerStack:
     """``cfg.model``'s stack with ``cfg``'s LoRA adapters (``cfg`` checked by TrainConfig.check)."""
+    check_model(cfg)
     directory = cfg.model
     spec = lora_spec(cfg, read_config(directory)["model_type"])
     weights = SafetensorsWeights(directory)  # every file checked before the model is built

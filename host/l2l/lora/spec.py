@@ -53,12 +53,6 @@ def check_options(cfg) -> None:
         if given or cfg.lora_base_dtype != "bf16":
             raise UserError(f"{given[0] if given else '--lora-base-dtype'} needs --lora-rank R (or --lora-init DIR)")
         return
-    from ..models.pretrained import is_model_dir
-    if not is_model_dir(cfg.model):
-        raise UserError(f"--lora-rank trains adapters over a model directory's weights (--model DIR), "
-                        f"not --model {cfg.model}")
-    if cfg.init == "random":
-        raise UserError("--lora-rank trains adapters over pretrained weights: not with --init random")
     if cfg.engine != "l2l":
         raise UserError("--lora-rank runs on --engine l2l (the plain baseline trains every weight)")
     if cfg.devices != 1:
@@ -75,6 +69,17 @@ def check_options(cfg) -> None:
         raise UserError(f"unknown --lora-base-dtype {cfg.lora_base_dtype!r}; choose one of {', '.join(BASE_DTYPES)}")
     if cfg.lora_targets is not None and not _targets(cfg.lora_targets):
         raise UserError("--lora-targets needs module names, comma-separated (e.g. q_proj,v_proj)")
+
+
+def check_model(cfg) -> None:
+    """A LoRA run trains adapters over a model directory's weights; ``l2l plan`` also takes a
+    built-in model's shape (a base of that shape), so this is checked when the run builds."""
+    from ..models.pretrained import is_model_dir
+    if not is_model_dir(cfg.model):
+        raise UserError(f"--lora-rank trains adapters over a model directory's weights (--model DIR), "
+                        f"not --model {cfg.model}")
+    if cfg.init == "random":
+        raise UserError("--lora-rank trains adapters over pretrained weights: not with --init random")
 
 
 def lora_spec(cfg, model_type: str) -> LoraSpec | None:
