@@ -8,12 +8,13 @@ its B set away from zero so that A's gradients are not zero from the first step.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
+import peft
 import pytest
 import torch
+import transformers
 
 from conftest import CPU, run_cli
 from l2l.build import build_engine
@@ -22,9 +23,6 @@ from l2l.config import TrainConfig
 from l2l.data import Batch
 from l2l.lora.build import build_lora_stack, initial_adapters
 from l2l.models import FlatLayout
-
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
 
 VOCAB, SEQ = 300, 16
 TARGETS = ["down_proj", "q_proj", "v_proj"]
