@@ -178,7 +178,7 @@ def test_train_resume_and_export_from_the_command_line(base_dir, tmp_path):
         assert abs(_peft_loss(merged, batch).item() - ours) < 1e-5
 
 
-def test_bad_lora_input_is_one_line(base_dir, tmp_path):
+def test_bad_lora_input_is_one_line(base_dir, adapter_dir, tmp_path):
     flags = ["--seq-len", str(SEQ), "--batch-size", "2", "--micro-batches", "1", "--steps", "1", "--no-progress"]
     cases = [
         (["--model", str(base_dir), "--lora-rank", "4", "--lora-targets", "q_proj,nope"], "--lora-targets nope"),
@@ -189,6 +189,8 @@ def test_bad_lora_input_is_one_line(base_dir, tmp_path):
         (["--model", str(base_dir), "--lora-rank", "4", "--lora-base-dtype", "fp8"], "--lora-base-dtype"),
         (["--model", str(base_dir), "--lora-rank", "4", "--eps-offload", str(tmp_path / "off")], "--eps-offload"),
         (["--model", str(base_dir), "--lora-rank", "4", "--lora-targets", "embed_tokens"], "Embedding"),
+        (["--model", str(base_dir), "--lora-init", str(adapter_dir), "--lora-rank", "8"], "differs"),
+        (["--model", str(base_dir), "--lora-init", str(tmp_path)], "adapter_config.json"),
     ]
     for args, needle in cases:
         r = run_cli("train", *args, *flags, "--out", str(tmp_path / "out"))
@@ -210,3 +212,24 @@ def test_the_planner_fits_a_base_four_times_larger():
     full, lora = _fit(), _fit("--lora-rank", "16")
     assert lora["params"] >= 4 * full["params"] and lora["binding"] == full["binding"] == "host"
     assert "--lora-rank 16" in lora["train"]
+
+
+def test_a_tied_head_exports_as_an_adapter_not_merged(tmp_path):
+    """An adapter on a tied output embedding trains and exports for peft; --merge, which would
+    change the input embedding too, is refused in one line."""
+    base = tmp_path / "tied"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)).to(torch.bfloat16).save_pretrained(base)
+    run = _train(tmp_path, "run", base, "--lora-rank", "2", "--lora-targets", "lm_head,q_proj", "--steps", "2",
+                 "--lr", "1e-2")
+    r = run_cli("export", str(run), "--out", str(tmp_path / "adapter"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = peft.PeftModel.from_pretrained(_peft_model(base), tmp_path / "adapter")
+    batch = _batch(5)
+    with torch.no_grad():
+        assert abs(_peft_loss(loaded, batch).item() - _l2l_loss_of_checkpoint(run, batch)) < 1e-6
+    r = run_cli("export", str(run), "--out", str(tmp_path / "merged"), "--merge")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tied" in r.stderr, r.stderr
+    assert not (tmp_path / "merged").exists()

@@ -16,6 +16,7 @@ per EPS entry, or from a PEFT adapter directory (``--lora-init DIR``).
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 
 import numpy as np
@@ -40,11 +41,10 @@ def build_lora_stack(cfg, seed: int) -> LayerStack:
     directory = cfg.model
     spec = lora_spec(cfg, read_config(directory)["model_type"])
     weights = SafetensorsWeights(directory)  # every file checked before the model is built
-    from peft import inject_adapter_in_model
 
     def inject(model: nn.Module) -> None:
         check_targets(model, spec)
-        inject_adapter_in_model(spec.peft_config(), model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
+        inject_adapters(model, spec)
 
     stack, names, base_prefix = meta_stack(directory, decay_groups=not cfg.weight_decay_all, prepare=inject)
     stack.config["tensors"] = weights.digest()
@@ -65,6 +65,16 @@ def build_lora_stack(cfg, seed: int) -> LayerStack:
         else:
             layer.source = partial(initial_adapters, layer.layout, derive_seed(seed, "lora-init", e))
     return stack
+
+
+def inject_adapters(model: nn.Module, spec: LoraSpec) -> None:
+    """peft's LoRA modules into ``model`` (on the meta device), everything else frozen. peft's
+    warning about an adapter on a tied weight is not shown: the export refuses to merge one
+    (``lora/export.py``), and the adapter itself trains and loads as peft's does."""
+    from peft import inject_adapter_in_model
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
+        inject_adapter_in_model(spec.peft_config(), model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
 
 
 def base_name(name: str) -> str:

@@ -27,7 +27,7 @@ from ..models.pretrained import COPY_RECORD, meta_stack
 from ..models.weight_files import SafetensorsWeights
 from ..run_model import COMPANIONS, export_source, model_copy, same_model
 from .adapter_files import peft_key
-from .build import ADAPTER, base_name
+from .build import ADAPTER, base_name, inject_adapters
 from .spec import ADAPTER_WEIGHTS, LoraSpec
 
 
@@ -50,10 +50,8 @@ def export_lora(run_dir: str | Path, out: str | Path, dtype: str = "fp32", model
                     targets=tuple(recorded["lora"]["targets"]), dropout=recorded["lora"]["dropout"],
                     base_dtype=cfg.lora_base_dtype, init=None)
     source = export_source(run_dir, model)
-    from peft import inject_adapter_in_model
-    stack, names, base_prefix = meta_stack(
-        str(source), decay_groups=not cfg.weight_decay_all,
-        prepare=lambda m: inject_adapter_in_model(spec.peft_config(), m, adapter_name=ADAPTER, low_cpu_mem_usage=True))
+    stack, names, base_prefix = meta_stack(str(source), decay_groups=not cfg.weight_decay_all,
+                                           prepare=lambda m: inject_adapters(m, spec))
     stack.config["lora"] = spec.to_dict()
     if not same_model(ck.meta["signature"], stack.signature()):
         raise UserError(f"{source} does not match the model {run_dir} trained (its config differs)")
@@ -118,6 +116,12 @@ def _write_merged(tmp: Path, base: Path, source: Path, stack, names, base_prefix
             model_name = names[id(params[name])]
             key = weights.check([(base_name(model_name), tuple(params[name].shape))], base_prefix)[0]
             frozen.setdefault(key, model_name)
+    merged = set(frozen.values())
+    for name in adapters:
+        module = name.split(".lora_", 1)[0]
+        if f"{module}.base_layer.weight" not in merged:  # tied: its weight is another module's too
+            raise UserError(f"--merge: {module}'s weight is tied to another module's, which merging would change "
+                            "too; export the adapter instead (without --merge)")
     keys = list(frozen)
     sizes = [weights.tensors[k].shape for k in keys]
     shards = _plan_shards([int(torch.Size(s).numel()) * DTYPES[dtype].itemsize for s in sizes], SHARD_BYTES)

@@ -28,7 +28,9 @@ class FrozenBase:
             for key in names.values():
                 if key not in self.store:
                     t = weights.read(key)
-                    self.store[key] = t.to(self.dtype)
+                    # a copy of its own even when the file's dtype is the store's: a tensor read
+                    # from safetensors may map the file, which could change under the run
+                    self.store[key] = t.to(self.dtype, copy=True)
                     del t
 
     @property
