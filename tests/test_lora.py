@@ -233,3 +233,19 @@ def test_a_tied_head_exports_as_an_adapter_not_merged(tmp_path):
     r = run_cli("export", str(run), "--out", str(tmp_path / "merged"), "--merge")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tied" in r.stderr, r.stderr
     assert not (tmp_path / "merged").exists()
+
+
+def test_a_frozen_parameter_without_a_frozen_store_is_refused():
+    """Outside a LoRA run a parameter with requires_grad False has no weights to bind: one line."""
+    from l2l.errors import UserError
+    from l2l.eps import EagerParamServer, NumpyBackend, OptimizerHyper
+    from l2l.models import ModelConfig, build_stack
+    from l2l.relay.engine import RelayEngine
+    stack = build_stack(ModelConfig(layers=1, d_model=16, heads=2, seq_len=8), 0)
+    next(stack.layers[1].module.parameters()).requires_grad_(False)
+    eps = EagerParamServer(NumpyBackend(), OptimizerHyper())
+    try:
+        with pytest.raises(UserError, match="requires_grad False"):
+            RelayEngine(stack, eps, CPU, micro_batches=1)
+    finally:
+        eps.close()

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .decay_groups import no_decay_names
 
 IGNORE_INDEX = -100
@@ -183,6 +184,15 @@ class LayerStack:
     def __len__(self) -> int:
         return len(self.layers)
 
+    def check_frozen(self) -> None:
+        """Refuse frozen parameters (requires_grad False) without a frozen store to bind them
+        from: the EPS holds only what trains, so they would have no weights."""
+        if self.frozen is None:
+            for layer in self.layers:
+                if layer.frozen_names:
+                    raise UserError(f"{layer.name}: parameter {layer.frozen_names[0]} has requires_grad False; l2l "
+                                    "trains every parameter of a model (frozen weights: a LoRA run, docs/lora.md)")
+
     @property
     def num_params(self) -> int:
         return sum(self.entry_numel(e) for e in range(self.num_entries))
@@ -242,6 +252,7 @@ class LayerStack:
     def materialize(self, device: torch.device) -> None:
         """Give every layer whose parameters are meta placeholders real parameters on
         ``device``, filled with its initial weights (what an in-memory engine needs)."""
+        self.check_frozen()
         shared = [None] * len(self.shared)  # one Parameter per shared entry, put in every user
         for i, layer in enumerate(self.layers):
             if not any(p.is_meta for p in layer.module.parameters()):

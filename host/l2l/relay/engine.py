@@ -110,8 +110,9 @@ class RelayEngine:
         self.rng_lock = rng_lock
         self._history_seen = 0
         self.layers = stack.layers
+        stack.check_frozen()
         # an entry with nothing to train (a LoRA layer no target matches) is not the EPS's
-        self.parts = [[p for p in stack.parts(i) if p[2].numel] for i in range(len(self.layers))]
+        self.parts = [[p for p in stack.parts(i) if p[2].numel or stack.frozen is None] for i in range(len(self.layers))]
         self.compute_dtype = TORCH_DTYPES[COPY_DTYPES[precision]]
         self.bindings = []
         for i, layer in enumerate(self.layers):  # the model's weights leave it a layer at a time
@@ -396,6 +397,7 @@ class RelayEngine:
                     else:
                         total += sum(float(layer(x, t)) for x, (_, t) in zip(xs, mbs))
                     self._release(layer)
+                    del layer  # released: the next layer's fetch does not hold it too
                 count += batch.num_targets
             return total / count
         finally:
