@@ -77,7 +77,7 @@ def _peft_loss(model, batch: Batch) -> torch.Tensor:
 
 
 def _cfg(base_dir: Path, **kw) -> TrainConfig:
-    return TrainConfig(model=str(base_dir), seq_len=SEQ, batch_size=4, micro_batches=2, progress=False,
+    return TrainConfig(model=str(base_dir), seq_len=SEQ, batch_size=4, micro_batches=2, progress=False, eps="numpy",
                        **{**HYPER, **kw}).check()
 
 

@@ -231,7 +231,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     say = _printer(cfg)
-    say(f"l2l: {cfg.engine} engine, {_model_line(cfg, stack)} ({stack.num_params / 1e6:.2f}M params) on {device}"
+    trained = f"{stack.num_params / 1e6:.2f}M params" + (
+        "" if stack.frozen is None else f" of LoRA adapters over {stack.frozen.numel / 1e6:.2f}M frozen")
+    say(f"l2l: {cfg.engine} engine, {_model_line(cfg, stack)} ({trained}) on {device}"
         + (f" x {cfg.devices} workers" if cfg.devices > 1 else "")
         + (f", {world} machines" if world > 1 else "") + f"; data: {corpus.description}")
     eps = getattr(engine, "eps", None)  # the plain baseline has none
