@@ -23,6 +23,7 @@ BASE_BYTES = {"bf16": 2, "fp16": 2}
 class LoraSizes:
     adapter_params: int  # what the EPS holds and updates
     base_bytes: int      # the frozen store
+    largest_entry: int   # one block's adapters: the largest gradient inbox
 
 
 def lora_sizes(cfg, params: int, blocks: int) -> LoraSizes | None:
@@ -35,4 +36,5 @@ def lora_sizes(cfg, params: int, blocks: int) -> LoraSizes | None:
         from ..lora.spec import _adapter_config
         rank = _adapter_config(cfg.lora_init)["rank"]
     targets = len([t for t in (cfg.lora_targets or "").split(",") if t.strip()]) or DEFAULT_TARGETS
-    return LoraSizes(blocks * targets * 2 * rank * cfg.d_model, params * BASE_BYTES[cfg.lora_base_dtype])
+    per_block = targets * 2 * rank * cfg.d_model
+    return LoraSizes(blocks * per_block, params * BASE_BYTES[cfg.lora_base_dtype], per_block)

@@ -595,11 +595,11 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     largest = max(s.params for s in shapes)
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
-    inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
+    lora = lora_sizes(cfg, params, sum(s.kind == "block" for s in shapes))
+    inboxes = INBOXES_IN_FLIGHT * (largest if lora is None else lora.largest_entry) * db * cfg.devices
     copy = device_copy_bytes(cfg, db, on_cuda)
     host_gather = 0
     state_bytes = eps_state_bytes(cfg)  # p and the optimizer's moments
-    lora = lora_sizes(cfg, params, sum(s.kind == "block" for s in shapes))
     # LoRA: the EPS trains the adapters; the frozen base is a store of its own (planner/lora.py)
     trained, frozen = (params, 0) if lora is None else (lora.adapter_params, lora.base_bytes)
     if machines.sharded:  # 1/R of the state and of the copies (whole blocks: within a block of 1/R)
