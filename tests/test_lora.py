@@ -249,3 +249,14 @@ def test_a_frozen_parameter_without_a_frozen_store_is_refused():
             RelayEngine(stack, eps, CPU, micro_batches=1)
     finally:
         eps.close()
+
+
+def test_the_frozen_store_holds_the_base_once_in_its_dtype(base_dir):
+    """Every base weight once, in --lora-base-dtype (2 bytes a parameter), nothing of it in the EPS."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    for dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        stack = build_lora_stack(_cfg(base_dir, lora_rank=2, lora_base_dtype=dtype), 0)
+        assert {t.dtype for t in stack.frozen.store.values()} == {torch_dtype}
+        assert stack.frozen.numel == sum(p.numel() for p in base.parameters())
+        assert stack.frozen.nbytes == 2 * stack.frozen.numel
+        assert stack.num_params == 2 * (2 * 64 * 2 + 2 * (64 + 32))  # q (64 -> 64) and v (64 -> 32), 2 blocks
