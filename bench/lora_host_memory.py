@@ -1,13 +1,13 @@
 """Host peak of a LoRA run over a large frozen base: bytes a base parameter above the runtime.
 
-Writes a Llama of about 270M parameters in bf16 with ``save_pretrained`` (random weights:
+Writes Llamas (by default 168M and 271M parameters) in bf16 with ``save_pretrained`` (random weights:
 only the bytes matter), then runs ``l2l train --model DIR --lora-rank R`` in a fresh process
 for a few tiny steps and reads its summary: ``host_peak_bytes`` (VmHWM, build to summary)
 minus ``host_runtime_bytes`` (the process before any model), over the base's parameter count.
 The goal (docs/lora.md) is <= 3 bytes a base parameter plus the adapters' state: the bf16
 store is 2, and a layer's fp32 compute copy and the activations are the rest.
 
-    python bench/lora_host_memory.py [--layers 16] [--hidden 1024] [--rank 16] [--out DIR]
+    python bench/lora_host_memory.py [--layers 8 16] [--hidden 1024] [--rank 16] [--out DIR]
 """
 from __future__ import annotations
 
