@@ -92,6 +92,8 @@ def build_engine(cfg: TrainConfig, stack: LayerStack, device: torch.device, *, r
         raise UserError(f"--micro-batches {cfg.micro_batches} must be a multiple of machines x --devices "
                         f"({world} x {cfg.devices})")
     check_router_balance(cfg, stack, world)
+    if world > 1 and stack.frozen is not None:
+        raise UserError("--lora-rank runs on one machine for now (not under torchrun with several)")
     if cfg.engine == "plain":
         return PlainEngine(stack, hyper_of(cfg), device, checkpointing=cfg.checkpointing,
                            precision=cfg.precision, clip_grad_norm=cfg.clip_grad_norm,

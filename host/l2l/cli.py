@@ -55,7 +55,13 @@ def _cmd_tokenizer(args) -> int:
 
 def _cmd_export(args) -> int:
     from .export import export
-    out = export(args.run, args.out, dtype=args.dtype, model=args.model)
+    from .lora.export import export_lora, is_lora_run
+    if is_lora_run(args.run):
+        out = export_lora(args.run, args.out, dtype=args.dtype, model=args.model, merge=args.merge)
+    elif args.merge:
+        raise UserError(f"--merge merges LoRA adapters into their base: {args.run} is not a LoRA run")
+    else:
+        out = export(args.run, args.out, dtype=args.dtype, model=args.model)
     print(f"wrote {out} from the latest checkpoint of {args.run} ({args.dtype})")
     return 0
 
@@ -87,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="the model directory to write (must not exist, or be empty)")
     e.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: the exported weights' dtype (default fp32)")
     e.add_argument("--model", default=None, help="the model directory the run trained, for its config and "
-                   "tokenizer (default: the run's own copy of them, RUN/model)")
+                   "tokenizer (default: the run's own copy of them, RUN/model); a LoRA run's --merge: its base weights")
+    e.add_argument("--merge", action="store_true", help="a LoRA run: the base with the adapters merged, as a "
+                   "Hugging Face model directory (default: a PEFT adapter directory)")
     sub.add_parser("plan", help="predict step time, hidden transfer share and memory before a run "
                                 "(options: l2l plan --help)")
     b = sub.add_parser("bench", help="benchmarks: relay (step time vs the plain baseline), eps (update throughput), "

@@ -24,7 +24,8 @@ EPS_LAYOUTS = ("sharded", "replicated")
 TRAJECTORY_KEYS = ("model", "layers", "d_model", "heads", "seq_len", "dropout", "batch_size",
                    "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
                    "adam_eps", "seed", "data", "tokenizer", "schedule_steps", "precision", "overflow",
-                   "clip_grad_norm", "weight_decay_all", "optimizer", "layer_drop")
+                   "clip_grad_norm", "weight_decay_all", "optimizer", "layer_drop",
+                   "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "lora_base_dtype", "lora_init")
 # What a run recorded before a setting existed did, where that is not today's default: a
 # checkpoint's record without the key is read with this value (resume, export).
 LEGACY_DEFAULTS = {"weight_decay_all": True}  # runs before the parameter groups decayed everything
@@ -85,6 +86,13 @@ class TrainConfig:
     progress: bool = True
     plot: bool = True
     plan: str | None = None  # planner forecast: auto | calibrated | quick | off (default: auto with progress)
+    # LoRA over a frozen base (l2l.lora, docs/lora.md); None: peft's default, or no LoRA (rank)
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str | None = None  # comma-separated module names
+    lora_dropout: float | None = None
+    lora_base_dtype: str = "bf16"
+    lora_init: str | None = None  # a PEFT adapter directory the adapters start from
 
     @property
     def plan_mode(self) -> str:
@@ -207,4 +215,6 @@ class TrainConfig:
              "--accumulate applies to --engine plain (the relay always runs --micro-batches micro-batches)")
         need(not (self.checkpointing and self.engine == "l2l"),
              "--checkpointing applies to --engine plain (the relay always recomputes)")
+        from .lora import check_options
+        check_options(self)
         return self

@@ -134,7 +134,19 @@ RUN = (
     Option("--plan", f"planner forecast printed beside the measured step time: {_one_of(PLAN_MODES)} (default "
            "auto: calibrates when that costs <= 5%% of the run; off with --no-progress)"),
 )
-TRAIN = MODEL + BATCH + DEVICE + RELAY + EPS + OPTIMIZER + RUN
+LORA = (
+    Option("--lora-rank", "train LoRA adapters of this rank over the frozen --model DIR, whose weights stay on "
+           "the host in --lora-base-dtype with no optimizer state (docs/lora.md; default: train every weight)", int),
+    Option("--lora-alpha", "LoRA's alpha: the adapters' output is scaled by alpha / rank (default: peft's, 8)",
+           float),
+    Option("--lora-targets", "comma-separated names of the linear modules to adapt (default: peft's for the "
+           "model type; q_proj,v_proj for Llama-style decoders)"),
+    Option("--lora-dropout", "dropout on the adapters' input (default 0)", float),
+    Option("--lora-base-dtype", "bf16 | fp16: the frozen base's dtype on the host (default %(default)s)"),
+    Option("--lora-init", "a PEFT adapter directory to start from (its adapter_config.json sets rank, alpha, "
+           "targets and dropout)"),
+)
+TRAIN = MODEL + BATCH + DEVICE + RELAY + EPS + OPTIMIZER + LORA + RUN
 
 
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option], *,

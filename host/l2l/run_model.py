@@ -66,6 +66,9 @@ def resumed(cfg: TrainConfig, run_dir: str | Path) -> TrainConfig:
     copy = model_copy(run_dir)
     if not cfg.resume or copy is None:
         return cfg
+    if cfg.lora_rank is not None or cfg.lora_init is not None:  # the frozen base is read again: it must be there
+        check_same_model(cfg.model, copy, run_dir, must_exist=True)
+        return replace(cfg, out=str(run_dir))
     check_same_model(cfg.model, copy, run_dir)
     return replace(cfg, model=str(copy), init=RESUMED, out=str(run_dir))
 

@@ -28,6 +28,8 @@ from .eps.disk_tier import check_run_id
 from .eps.sharded_server import ShardedParamServer
 from .errors import UserError
 from .hostmem import memory_status, runtime_resident
+from .lora.build import build_lora_stack
+from .lora.spec import check_model as check_lora_model, enabled as lora_enabled
 from .lr_schedule import lr_at
 from .metrics import MetricsLog, plot_metrics
 from .models import build_stack, family
@@ -132,6 +134,8 @@ def train(cfg: TrainConfig, depth: DepthPolicy | None = None) -> RunSummary:
     cfg.check()
     if depth is not None and cfg.layer_drop:
         raise UserError("a depth policy and --layer-drop both choose the blocks a step runs: give one")
+    if lora_enabled(cfg):
+        check_lora_model(cfg)  # before any data is read
     machines = distributed.setup()  # None unless launched as one of several ranks
     try:
         return _train(cfg, machines, depth)
@@ -180,10 +184,9 @@ def _train(cfg: TrainConfig, machines, depth: DepthPolicy | None) -> RunSummary:
                                **masking)
         val_batches = BatchSampler(corpus.val, cfg.seq_len, cfg.batch_size, objective, seed=cfg.seed,
                                    name="val", **masking).fixed_batches(cfg.eval_batches)
-    stack = build_stack(cfg.model_config(), cfg.seed)
-    blocks = len(stack.layers) - 2
+    stack = build_lora_stack(cfg, cfg.seed) if lora_enabled(cfg) else build_stack(cfg.model_config(), cfg.seed)
     if depth is None and cfg.layer_drop:
-        depth = LayerDrop(cfg.layer_drop, blocks, cfg.seed)
+        depth = LayerDrop(cfg.layer_drop, len(stack.layers) - 2, cfg.seed)
     if tokenizer.vocab_size > stack.vocab_size:
         raise UserError(f"the tokenizer ({tokenizer.description}) has {tokenizer.vocab_size:,} tokens, more than "
                         f"the model's {stack.vocab_size:,} embeddings")
@@ -235,7 +238,9 @@ def _run(cfg, out, device, corpus, sampler, val_batches, stack, engine: Engine, 
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     say = _printer(cfg)
-    say(f"l2l: {cfg.engine} engine, {_model_line(cfg, stack)} ({stack.num_params / 1e6:.2f}M params) on {device}"
+    trained = f"{stack.num_params / 1e6:.2f}M params" + (
+        "" if stack.frozen is None else f" of LoRA adapters over {stack.frozen.numel / 1e6:.2f}M frozen")
+    say(f"l2l: {cfg.engine} engine, {_model_line(cfg, stack)} ({trained}) on {device}"
         + (f" x {cfg.devices} workers" if cfg.devices > 1 else "")
         + (f", {world} machines" if world > 1 else "") + f"; data: {corpus.description}")
     eps = getattr(engine, "eps", None)  # the plain baseline has none

@@ -205,6 +205,18 @@ def checkpoint_keys(directory: str, decay_groups: bool = True) -> tuple[LayerSta
 
 def _meta_stack(directory: str, decay_groups: bool) -> tuple[LayerStack, list[list[str]], str]:
     """:func:`checkpoint_keys`, and the attribute of the model's base model (its prefix)."""
+    stack, names, base_prefix = meta_stack(directory, decay_groups)
+    keys = []
+    for e in range(stack.num_entries):
+        i, layout = stack.entry_layout(e)
+        keys.append([names[id(stack.layers[i].module.get_parameter(s.name))] for s in layout.slots])
+    return stack, keys, base_prefix
+
+
+def meta_stack(directory: str, decay_groups: bool, prepare=None) -> tuple[LayerStack, dict[int, str], str]:
+    """The directory's model built on the meta device, changed by ``prepare(model)`` if given
+    (LoRA adapters injected, ``l2l.lora``), cut into a stack; with the model's name of each
+    parameter (by ``id``) and its base model's attribute (the checkpoint names' prefix)."""
     family = family_of(directory)
     config, stack_config = _configs(directory)
     with torch.device("meta"):
@@ -217,13 +229,11 @@ def _meta_stack(directory: str, decay_groups: bool) -> tuple[LayerStack, list[li
         aux = model.get_submodule(recipe.block_aux)
         setattr(model.get_submodule(owner), attr, type(aux)(config=model.config))
     _compute_buffers(model)
+    if prepare is not None:
+        prepare(model)
     names = {id(p): n for n, p in model.named_parameters()}
     stack = _cut(family, model, stack_config, decay_groups)
-    keys = []
-    for e in range(stack.num_entries):
-        i, layout = stack.entry_layout(e)
-        keys.append([names[id(stack.layers[i].module.get_parameter(s.name))] for s in layout.slots])
-    return stack, keys, type(model).base_model_prefix
+    return stack, names, type(model).base_model_prefix
 
 
 def _compute_buffers(model: torch.nn.Module) -> None:

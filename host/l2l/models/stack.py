@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .decay_groups import no_decay_names
 from .router_balance import NoRouterBalance
 
@@ -61,7 +62,8 @@ class FlatLayout:
         """``module``'s parameters in order, each once, but for the names in ``exclude``; with
         ``no_decay`` (names weight decay leaves alone), the decayed ones first, each group in
         module order."""
-        params = [(name, p) for name, p in module.named_parameters() if name not in exclude]  # shared: once
+        # shared: once; frozen (requires_grad False, a LoRA run's base): not the EPS's
+        params = [(name, p) for name, p in module.named_parameters() if name not in exclude and p.requires_grad]
         if no_decay is not None:
             params = [(n, p) for n, p in params if n not in no_decay] + [(n, p) for n, p in params if n in no_decay]
         slots, offset, n_decay = [], 0, None
@@ -113,6 +115,12 @@ class Layer:
             raise ValueError(f"unknown layer kind {self.kind!r}")
         self.layout = FlatLayout.of(self.module)
 
+    @property
+    def frozen_names(self) -> list[str]:
+        """The module's frozen parameters (requires_grad False), each once: weights the relay
+        binds from the stack's frozen store (``LayerStack.frozen``), not from the EPS."""
+        return [name for name, p in self.module.named_parameters() if not p.requires_grad]
+
 
 @dataclass
 class SharedParam:
@@ -144,6 +152,9 @@ class LayerStack:
     # weight decay by parameter groups, as Hugging Face's Trainer makes them (decay_groups.py);
     # False: every parameter decayed, layouts in module order (as before the groups)
     decay_groups: bool = False
+    # where frozen parameters come from (l2l.lora.frozen.FrozenBase: ``tensors(i, device,
+    # dtype)``); None: every parameter is trained
+    frozen: Any = None
 
     def __post_init__(self) -> None:
         kinds = [layer.kind for layer in self.layers]
@@ -154,7 +165,8 @@ class LayerStack:
         users: dict[int, list[tuple[int, str, nn.Parameter]]] = {}
         for i, layer in enumerate(self.layers):
             for name, p in layer.module.named_parameters():
-                users.setdefault(id(p), []).append((i, name, p))
+                if p.requires_grad:  # a frozen tied weight is the frozen store's, once
+                    users.setdefault(id(p), []).append((i, name, p))
         for found in users.values():
             if len(found) < 2:
                 continue
@@ -173,6 +185,15 @@ class LayerStack:
 
     def __len__(self) -> int:
         return len(self.layers)
+
+    def check_frozen(self) -> None:
+        """Refuse frozen parameters (requires_grad False) without a frozen store to bind them
+        from: the EPS holds only what trains, so they would have no weights."""
+        if self.frozen is None:
+            for layer in self.layers:
+                if layer.frozen_names:
+                    raise UserError(f"{layer.name}: parameter {layer.frozen_names[0]} has requires_grad False; l2l "
+                                    "trains every parameter of a model (frozen weights: a LoRA run, docs/lora.md)")
 
     @property
     def num_params(self) -> int:
@@ -233,6 +254,7 @@ class LayerStack:
     def materialize(self, device: torch.device) -> None:
         """Give every layer whose parameters are meta placeholders real parameters on
         ``device``, filled with its initial weights (what an in-memory engine needs)."""
+        self.check_frozen()
         shared = [None] * len(self.shared)  # one Parameter per shared entry, put in every user
         for i, layer in enumerate(self.layers):
             if not any(p.is_meta for p in layer.module.parameters()):

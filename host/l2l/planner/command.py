@@ -14,7 +14,7 @@ from .fit import SEARCHES, Limits, count, describe, fit
 from .measure import calibrate, measure_rates
 from .model import Machines, Rates, choose_micro_batches, predict
 from .report import format_plan, mib
-from ..options import BATCH, DEVICE, EPS, MODEL, OPTIMIZER, RELAY, Parser, add_options, config_from
+from ..options import BATCH, DEVICE, EPS, LORA, MODEL, OPTIMIZER, RELAY, Parser, add_options, config_from
 from .disk import DiskRates, format_disk, free_bytes, plan_disk, probe_disk
 from .shapes import dtype_bytes_of
 
@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="l2l plan", description="Predict a relay step's time and memory from the model's shape and "
                "the machine's rates (measured here unless given).")
     add_options(p, MODEL + BATCH + DEVICE)
+    add_options(p, [o for o in LORA if o.flag in ("--lora-rank", "--lora-targets", "--lora-base-dtype", "--lora-init")])
     add_options(p, [o for o in RELAY + EPS + OPTIMIZER
                     if o.flag in ("--stash", "--precision", "--devices", "--eps", "--eps-threads", "--eps-offload",
                                   "--eps-offload-window", "--eps-offload-copies", "--eps-layout", "--optimizer")])
@@ -185,7 +186,7 @@ def _train_flags(cfg: TrainConfig, device: str) -> str:
              "--seq-len", cfg.seq_len, "--batch-size", cfg.batch_size, "--micro-batches", cfg.micro_batches]
     default = TrainConfig()
     for flag in ("dropout", "stash", "precision", "devices", "eps_offload", "eps_offload_window",
-                 "eps_offload_copies", "optimizer"):
+                 "eps_offload_copies", "optimizer", "lora_rank", "lora_targets", "lora_base_dtype"):
         value = getattr(cfg, flag)
         if value != getattr(default, flag):
             flags += ["--" + flag.replace("_", "-")] + ([] if value is True else [value])

@@ -67,6 +67,7 @@ from ..config import TrainConfig
 from ..eps import shares_masters
 from ..eps.gather import GATHER_WINDOW
 from ..errors import UserError
+from .lora import lora_sizes
 from .shapes import INBOXES_IN_FLIGHT, eps_state_bytes, LayerShape, dtype_bytes_of, layer_shapes, with_model_shape
 
 RUNTIME_BYTES = 240 << 20  # an idle process with torch 2.13 and l2l imported, this project's CPU machine
@@ -262,6 +263,8 @@ class Prediction:
     collective_bytes: int = 0    # all machines together send this to the EPS's collectives a step
     device_backward_extra_bytes: int = 0  # CUDA: the weight-gradient temporaries and cuBLAS workspaces
     eps_state_bytes: int = 12    # p and the optimizer's moments, bytes a parameter (AdamW: 12, Lion: 8)
+    lora_adapter_params: int = 0  # LoRA: the parameters the EPS trains (0: all of them)
+    lora_base_bytes: int = 0     # LoRA: the frozen base's store, within host_state_bytes
     #                              (the sharded EPS's books: gradients, and each updated copy once)
     exchange_bytes: int = 0      # of which the gradients' (sharded; replicated: all of it)
     collective_s: float = 0.0    # of the EPS's busy time, one machine's collectives (its gradients')
@@ -592,15 +595,19 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     largest = max(s.params for s in shapes)
     # p, m, v and the device copy per parameter; gradient inboxes only for the layers in
     # flight: the one being accumulated and the one whose update is running (per worker)
-    inboxes = INBOXES_IN_FLIGHT * largest * db * cfg.devices
+    lora = lora_sizes(cfg, params, sum(s.kind == "block" for s in shapes))
+    inboxes = INBOXES_IN_FLIGHT * (largest if lora is None else lora.largest_entry) * db * cfg.devices
     copy = device_copy_bytes(cfg, db, on_cuda)
     host_gather = 0
     state_bytes = eps_state_bytes(cfg)  # p and the optimizer's moments
+    # LoRA: the EPS trains the adapters; the frozen base is a store of its own (planner/lora.py)
+    trained, frozen = (params, 0) if lora is None else (lora.adapter_params, lora.base_bytes)
     if machines.sharded:  # 1/R of the state and of the copies (whole blocks: within a block of 1/R)
-        host_state = math.ceil(params * state_bytes / machines.count) + math.ceil(params * copy / machines.count)
+        host_state = math.ceil(trained * state_bytes / machines.count) + math.ceil(trained * copy / machines.count)
         host_gather = gathered_copy_bytes(cfg, largest, db, on_cuda)
     else:
-        host_state = params * (state_bytes + copy)
+        host_state = trained * (state_bytes + copy)
+    host_state += frozen
     host_eps = host_state + inboxes
     host_stash = cfg.devices * ledger["host_stash"]  # --stash host: every worker's, in this machine's memory
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
@@ -641,6 +648,7 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
         device_backward_extra_bytes=backward_extra,
         device_total_bytes=device_ledger + act_bytes + backward_extra,
         host_eps_bytes=host_eps, host_state_bytes=host_state, host_stash_bytes=host_stash, eps_state_bytes=state_bytes,
+        lora_adapter_params=0 if lora is None else lora.adapter_params, lora_base_bytes=frozen,
         host_runtime_bytes=rates.runtime_bytes, host_transient_bytes=transient,
         host_gather_bytes=host_gather,
         host_total_bytes=rates.runtime_bytes + host_eps + host_stash + transient + host_gather,

@@ -105,6 +105,10 @@ def format_plan(p: Prediction, rates: Rates, choice: MicroBatchChoice | None = N
 def _state_per_param(p: Prediction) -> str:
     """The state's bytes a parameter as a formula: p, the moments and the copy (1/R of both when sharded)."""
     state = p.eps_state_bytes
+    if p.lora_adapter_params:  # LoRA: the adapters' state and the frozen base's bytes, apart
+        copy = round((p.host_state_bytes - p.lora_base_bytes) / p.lora_adapter_params) - state
+        base = p.lora_base_bytes / p.params if p.params else 0
+        return f"{base:g} (frozen base) + {state}{f' + {copy}' if copy else ''} (adapters)"
     copy = round((p.host_state_bytes * (p.machines if p.eps_layout == "sharded" else 1)) / p.params) - state \
         if p.params else 0
     if p.eps_layout != "sharded":

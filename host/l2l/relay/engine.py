@@ -23,6 +23,7 @@ import torch
 from ..data import Batch
 from ..engine import StepResult
 from ..eps import EagerParamServer
+from ..eps.numerics import COPY_DTYPES
 from ..hostmem import process_heap_trimmer
 from ..models import FlatLayout, Layer, LayerStack
 from .binding import WeightBinding
@@ -31,7 +32,7 @@ from .recompute import Recorder, WeightSinks
 from .rng import derive_seed, replay_rng
 from .scaler import LossScaler, scaler_for
 from .stash import BoundaryStore
-from .transport import make_transport
+from .transport import TORCH_DTYPES, make_transport
 
 
 class _FetchedLayer:
@@ -39,10 +40,12 @@ class _FetchedLayer:
     parameters it uses (tied embeddings), bound as named views."""
 
     def __init__(self, layer: Layer, binding: WeightBinding,
-                 parts: list[tuple[int, int, FlatLayout, torch.Tensor]]) -> None:
+                 parts: list[tuple[int, int, FlatLayout, torch.Tensor]],
+                 frozen: dict[str, torch.Tensor] | None = None) -> None:
         self.layer = layer
         self.binding = binding
         self.parts = parts  # (EPS entry, place among its users, layout, device weights)
+        self.frozen = frozen or {}  # frozen weights (a LoRA run's base): bound, never trained
         self.grads: list[torch.Tensor] = []  # one buffer per part, once given
         self.params: dict[str, torch.Tensor] = {}
         for _, _, layout, weights in parts:
@@ -62,12 +65,13 @@ class _FetchedLayer:
             view.grad = grads[name]
 
     def __call__(self, *args):
-        with self.binding.bound(self.params) as module:
+        with self.bound(self.params) as module:
             return module(*args)
 
     def bound(self, weights: dict[str, torch.Tensor]):
-        """The layer's module computing with ``weights`` (graph taps, or recompute leaves)."""
-        return self.binding.bound(weights)
+        """The layer's module computing with ``weights`` (graph taps, or recompute leaves)
+        and its frozen weights, which never enter the graph as leaves."""
+        return self.binding.bound({**self.frozen, **weights})
 
 
 class RelayEngine:
@@ -106,7 +110,10 @@ class RelayEngine:
         self.rng_lock = rng_lock
         self._history_seen = 0
         self.layers = stack.layers
-        self.parts = [stack.parts(i) for i in range(len(self.layers))]
+        stack.check_frozen()
+        # an entry with nothing to train (a LoRA layer no target matches) is not the EPS's
+        self.parts = [[p for p in stack.parts(i) if p[2].numel or stack.frozen is None] for i in range(len(self.layers))]
+        self.compute_dtype = TORCH_DTYPES[COPY_DTYPES[precision]]
         self.bindings = []
         for i, layer in enumerate(self.layers):  # the model's weights leave it a layer at a time
             for e, _, _ in self.parts[i]:
@@ -146,8 +153,9 @@ class RelayEngine:
         else:
             pending = self._upload(i)
         parts = [(e, user, layout, p.wait()) for (e, user, layout), p in zip(self.parts[i], pending)]
-        fetched = _FetchedLayer(self.layers[i], self.bindings[i], parts)
-        self.ledger.add("weights", sum(_nbytes(w) for *_, w in parts))
+        frozen = None if self.stack.frozen is None else self.stack.frozen.tensors(i, self.device, self.compute_dtype)
+        fetched = _FetchedLayer(self.layers[i], self.bindings[i], parts, frozen)
+        self.ledger.add("weights", _fetched_bytes(fetched))
         return fetched
 
     def _keeps_resident(self, i: int, running: list[int]) -> bool:
@@ -180,7 +188,7 @@ class RelayEngine:
         return [0, *(b + 1 for b in range(blocks) if b not in skip)]
 
     def _release(self, fetched: _FetchedLayer) -> None:
-        self.ledger.sub("weights", sum(_nbytes(w) for *_, w in fetched.parts))
+        self.ledger.sub("weights", _fetched_bytes(fetched))
         self.ledger.sub("grads", sum(_nbytes(g) for g in fetched.grads))
 
     def _contributor(self, user: int) -> int:
@@ -346,6 +354,13 @@ class RelayEngine:
 
         # backward: blocks and pre in reverse, recomputed from the stash
         for i in reversed(running):
+            if i == 0 and not self.parts[0]:  # a pre stage with nothing to train: no backward
+                for j in range(len(mbs)):
+                    store.pop(("grad", after[0], j))  # the gradient it would take goes nowhere
+                recordings.clear()
+                sinks.pop(0)
+                self._boundary("backward", 0)
+                continue
             layer = self._fetch(i)
             self._prefetch(before.get(i, -1))
             self._with_grad(i, layer, sinks.pop(i))
@@ -410,6 +425,7 @@ class RelayEngine:
                     else:
                         total += sum(float(layer(x, t)) for x, (_, t) in zip(xs, mbs))
                     self._release(layer)
+                    del layer  # released: the next layer's fetch does not hold it too
                 total += self.stack.router_balance.finish() * batch.num_targets  # as transformers reports it
                 count += batch.num_targets
             return total / count
@@ -445,7 +461,8 @@ class RelayEngine:
     def master_weights(self) -> list[np.ndarray]:
         """fp32 master weights per EPS entry, flat (the EPS's, after the queued updates):
         each layer's own, then each shared parameter's."""
-        return [self.eps.master(e) for e in range(self.stack.num_entries)]
+        return [self.eps.master(e) if self.stack.entry_numel(e) else np.zeros(0, np.float32)
+                for e in range(self.stack.num_entries)]
 
     def close(self) -> None:
         """Let queued updates finish and stop the EPS worker (never raises a worker error twice:
@@ -485,6 +502,10 @@ def _stash_schedule(running: list[int], last: int, micro_batches: int) -> list[l
     for i in reversed(running):
         groups += [([("act", i, j)] if i > 0 else []) + [("grad", after[i], j)] for j in range(micro_batches)]
     return groups
+
+
+def _fetched_bytes(fetched: _FetchedLayer) -> int:
+    return sum(_nbytes(w) for *_, w in fetched.parts) + sum(_nbytes(w) for w in fetched.frozen.values())
 
 
 def _nbytes(t: torch.Tensor) -> int:
