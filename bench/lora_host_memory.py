@@ -7,7 +7,7 @@ minus ``host_runtime_bytes`` (the process before any model), over the base's par
 The goal (docs/lora.md) is <= 3 bytes a base parameter plus the adapters' state: the bf16
 store is 2, and a layer's fp32 compute copy and the activations are the rest.
 
-    python bench/lora_host_memory.py [--layers 8 16] [--hidden 1024] [--rank 16] [--out DIR]
+    python bench/lora_host_memory.py [--layers 8 16] [--hidden 1024] [--rank 16] [--precision fp32] [--out DIR]
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--precision", default="fp32", help="what the device computes in (fp32: each layer's frozen "
+                    "weights are cast to an fp32 copy on the way; bf16: the store's own tensors, no copy)")
     ap.add_argument("--out", default=None, help="where the model and the run go (default: a temporary directory)")
     args = ap.parse_args()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="l2l-lora-mem-"))
@@ -57,7 +59,8 @@ def measure(root: Path, layers: int, args) -> dict:
     run = root / "run"
     r = subprocess.run([sys.executable, "-m", "l2l", "train", "--model", str(base), "--lora-rank", str(args.rank),
                         "--steps", str(args.steps), "--batch-size", "2", "--micro-batches", "1", "--seq-len", "32",
-                        "--eval-batches", "1", "--no-plot", "--no-progress", "--plan", "off", "--out", str(run)],
+                        "--eval-batches", "1", "--no-plot", "--no-progress", "--plan", "off", "--out", str(run),
+                        "--precision", args.precision],
                        capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"l2l train failed:\n{r.stderr[-3000:]}")
@@ -65,7 +68,8 @@ def measure(root: Path, layers: int, args) -> dict:
     adapters = summary["params"]  # what the EPS trains
     above = summary["host_peak_bytes"] - summary["host_runtime_bytes"]
     state = adapters * 12  # fp32 master and AdamW's two moments (the CPU shares the master as the copy)
-    return {"layers": layers, "base_params": params, "adapter_params": adapters,
+    return {"layers": layers, "hidden": args.hidden, "precision": args.precision, "eps": summary["eps"]["backend"],
+            "base_params": params, "adapter_params": adapters,
             "host_peak_bytes": summary["host_peak_bytes"], "host_runtime_bytes": summary["host_runtime_bytes"],
             "above_runtime_bytes": above, "adapter_state_bytes": state,
             "bytes_per_base_param": round((above - state) / params, 3), "goal": 3.0}
