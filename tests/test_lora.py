@@ -211,7 +211,7 @@ def test_the_planner_fits_a_base_four_times_larger():
     """2 bytes a frozen base parameter and no state, against AdamW's 12 and the device copy's."""
     full, lora = _fit(), _fit("--lora-rank", "16")
     assert lora["params"] >= 4 * full["params"] and lora["binding"] == full["binding"] == "host"
-    assert "--lora-rank 16" in lora["train"]
+    assert "--lora-rank 16" in lora["train"] and lora["train"].startswith("l2l train --model DIR ")
 
 
 def test_a_tied_head_exports_as_an_adapter_not_merged(tmp_path):

@@ -10,6 +10,7 @@ from ..build import resolve_device
 from ..config import TrainConfig
 from ..errors import UserError
 from ..hostmem import available_memory
+from ..lora.spec import enabled as lora_enabled
 from .fit import SEARCHES, Limits, count, describe, fit
 from .measure import calibrate, measure_rates
 from .model import Machines, Rates, choose_micro_batches, predict
@@ -181,9 +182,11 @@ def _limits(args) -> tuple[Limits, str, str]:
 
 
 def _train_flags(cfg: TrainConfig, device: str) -> str:
-    """The ``l2l train`` options that give the found model the memory it was planned with."""
-    flags = ["--model", cfg.model, "--layers", cfg.layers, "--d-model", cfg.d_model, "--heads", cfg.heads,
-             "--seq-len", cfg.seq_len, "--batch-size", cfg.batch_size, "--micro-batches", cfg.micro_batches]
+    """The ``l2l train`` options that give the found model the memory it was planned with. A LoRA
+    run trains a model directory (``DIR``), whose config fixes the shape: not the built-in's flags."""
+    shape = ["--model", "DIR"] if lora_enabled(cfg) else \
+        ["--model", cfg.model, "--layers", cfg.layers, "--d-model", cfg.d_model, "--heads", cfg.heads]
+    flags = [*shape, "--seq-len", cfg.seq_len, "--batch-size", cfg.batch_size, "--micro-batches", cfg.micro_batches]
     default = TrainConfig()
     for flag in ("dropout", "stash", "precision", "devices", "eps_offload", "eps_offload_window",
                  "eps_offload_copies", "optimizer", "lora_rank", "lora_targets", "lora_base_dtype"):
@@ -250,6 +253,9 @@ def _run_fit(args) -> int:
                   ("disk", n.disk_bytes, limits.disk_bytes))
                  if where in n.over(limits)]
         lines.append(f"  next:   {size} ({count(n.params)} parameters) would need " + " and ".join(needs))
+    if lora_enabled(cfg):
+        lines.append(f"  base:   DIR, a model directory of at most {count(s.params)} parameters (this shape: "
+                     f"{s.layers} blocks of d {s.d_model}); l2l plan --model DIR --lora-rank ... checks one")
     lines.append(f"  train:  {train}")
     print("\n".join(lines))
     return 0

@@ -17,6 +17,11 @@ from ..lora.spec import enabled
 
 DEFAULT_TARGETS = 2  # peft's default for Llama-style decoders: q_proj, v_proj
 BASE_BYTES = {"bf16": 2, "fp16": 2}
+# what importing transformers, its Llama modelling and peft adds to the resident set of a
+# process that has torch and l2l already (the runtime the planner starts from): a LoRA run
+# trains a model directory, so it always pays it; measured on this project's CPU machine
+# (torch 2.13, transformers 5.25, peft 0.21): 203 MiB
+IMPORT_BYTES = 203 << 20
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,13 @@ class LoraSizes:
     adapter_params: int  # what the EPS holds and updates
     base_bytes: int      # the frozen store
     largest_entry: int   # one block's adapters: the largest gradient inbox
+    import_bytes: int = IMPORT_BYTES  # transformers and peft in the process (host, fixed)
+
+    def compute_copy_bytes(self, largest: int, db: int, on_cuda: bool) -> int:
+        """The host bytes of the fetched layer's frozen weights cast to the compute dtype: on the CPU
+        device a copy of their own (the EPS's weights are views of its masters; these are not),
+        the largest layer's; on CUDA the cast happens on the device, which the device ledger counts."""
+        return 0 if on_cuda else largest * db
 
 
 def lora_sizes(cfg, params: int, blocks: int) -> LoraSizes | None:

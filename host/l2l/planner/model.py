@@ -611,6 +611,8 @@ def predict(cfg: TrainConfig, rates: Rates, *, dtype_bytes: int | None = None,
     host_eps = host_state + inboxes
     host_stash = cfg.devices * ledger["host_stash"]  # --stash host: every worker's, in this machine's memory
     transient = host_transient_bytes(cfg, largest, db, ledger, act_bytes, on_cuda)
+    if lora is not None:  # transformers and peft imported; the fetched layer's frozen weights cast
+        transient += lora.import_bytes + lora.compute_copy_bytes(largest, db, on_cuda)
     if machines.sharded:  # the exchange's send and receive buffers of the largest layer
         transient += 2 * cfg.devices * largest * db
     exposed_transfer = timing["transfer_exposed_s"]
