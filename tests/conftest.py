@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,24 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
     through ``tests/faulty_l2l.py FAULT N`` (a fault injected from outside the package)."""
     head = ["-m", "l2l"] if fault is None else [str(ROOT / "tests" / "faulty_l2l.py"), fault[0], str(fault[1])]
     return run_python(*head, *args, env=env, timeout=timeout, cwd=cwd, fresh=fresh)
+
+
+def run_torchrun(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun ARGS`` as users launch it (this venv's, else ``python -m torch.distributed.run``),
+    its output captured. The launcher and its ranks are a process group of their own: on a
+    timeout the whole group is killed, so no rank outlives the test (an orphaned rank would hold
+    its memory and wait on a collective for good)."""
+    exe = Path(sys.executable).with_name("torchrun")
+    launcher = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    with subprocess.Popen([*launcher, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def pytest_sessionfinish(session):

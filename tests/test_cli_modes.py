@@ -14,7 +14,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,7 +25,7 @@ from l2l.checkpoint import load_latest
 from l2l.distributed import weights_digest
 from l2l.metrics import read_metrics
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_torchrun
 from shared_runs import cli_once
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
@@ -211,19 +210,13 @@ def test_devices_user_error_is_one_line(tmp_path, args, needle):
 
 # ------------------------------------------------------------------ torchrun
 
-def _torchrun() -> list[str]:
-    exe = Path(sys.executable).with_name("torchrun")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def test_torchrun_two_ranks_match_one_process(tmp_path, one_device):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "L2L_DIST_TIMEOUT": "120",
            # the ranks import l2l as run_cli's children do (the inherited PYTHONPATH), else this checkout's
            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "host")]))}
-    proc = subprocess.run([*_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "l2l", "train",
-                           *LONG, "--steps", str(STEPS), "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = run_torchrun("--standalone", "--nproc-per-node", "2", "-m", "l2l", "train",
+                        *LONG, "--steps", str(STEPS), "--out", str(out), env=env)
     run = _trained(Run(out, proc), STEPS)
     assert "2 machines" in proc.stdout, proc.stdout  # rank 0 speaks for the run, once
     assert proc.stdout.count("l2l: l2l engine") == 1, proc.stdout

@@ -19,7 +19,7 @@ from l2l.metrics import read_metrics
 from l2l.models import build_stack, family
 from l2l.build import build_engine
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_torchrun
 
 CFG = TrainConfig(layers=3, d_model=64, heads=4, seq_len=32, batch_size=8, micro_batches=4,
                   dropout=0.1, progress=False)
@@ -119,12 +119,9 @@ def _rank(rank: int, port: int, args: list[str], kill_at_step: int | None = None
 
 
 def test_torchrun_two_machines_match_one_process(tmp_path):
-    torchrun = ROOT / ".venv" / "bin" / "torchrun"
-    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     args = [*TINY, "--steps", "6", "--check-every", "3", "--no-progress"]
-    r = subprocess.run([*launcher, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "l2l",
-                        "train", *args, "--out", str(tmp_path / "two")],
-                       env=_env(), capture_output=True, text=True, timeout=300)
+    r = run_torchrun("--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "l2l",
+                     "train", *args, "--out", str(tmp_path / "two"), env=_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert run_cli("train", *args, "--out", str(tmp_path / "one")).returncode == 0
     one = [m["loss"] for m in read_metrics(tmp_path / "one" / "metrics.jsonl")]
@@ -140,12 +137,9 @@ def test_replicated_eps_layout_keeps_a_whole_eps_per_machine(tmp_path):
     """--eps-layout replicated: each rank holds the whole EPS and all-reduces; the ranks'
     digests agree, and the run matches one process within 1e-6 (the cross-machine sum's
     order is gloo's there)."""
-    torchrun = ROOT / ".venv" / "bin" / "torchrun"
-    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     args = [*TINY, "--steps", "3", "--no-progress"]
-    r = subprocess.run([*launcher, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "l2l",
-                        "train", *args, "--eps-layout", "replicated", "--out", str(tmp_path / "replicated")],
-                       env=_env(), capture_output=True, text=True, timeout=300)
+    r = run_torchrun("--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "l2l",
+                     "train", *args, "--eps-layout", "replicated", "--out", str(tmp_path / "replicated"), env=_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert run_cli("train", *args, "--out", str(tmp_path / "one")).returncode == 0
     digests = json.loads((tmp_path / "replicated" / "summary.json").read_text())["machines_weights_sha256"]

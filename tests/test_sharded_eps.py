@@ -25,7 +25,7 @@ from l2l.distributed import weights_digest
 from l2l.eps.shards import BLOCK, ShardLayout
 from l2l.metrics import read_metrics
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_torchrun
 
 # d_model 96: a block's entry has about 110k parameters (two shard blocks), the embedding
 # 24.6k (one block, so it goes whole to one rank); at R = 3 one rank holds none of a block.
@@ -84,11 +84,8 @@ def _env() -> dict:
 
 
 def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("torchrun")
-    launcher = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    return subprocess.run([*launcher, "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-                           "--master-port", str(_free_port()), "-m", "l2l", "train", *args],
-                          env=_env(), capture_output=True, text=True, timeout=300)
+    return run_torchrun("--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+                        "--master-port", str(_free_port()), "-m", "l2l", "train", *args, env=_env())
 
 
 def _train(ranks: int, workers: int, out: Path, *args: str) -> dict:

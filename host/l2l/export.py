@@ -51,7 +51,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
         raise UserError(f"{source} does not match the model {run_dir} trained (its config differs)")
 
     entries = range(stack.num_entries)  # each layer's own tensors, then each tied one (written once)
-    shards = _plan_shards([stack.entry_numel(e) * DTYPES[dtype].itemsize for e in entries], shard_bytes)
+    shards = plan_shards([stack.entry_numel(e) * DTYPES[dtype].itemsize for e in entries], shard_bytes)
     tmp = out.with_name(f".{out.name}.export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -93,7 +93,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
     return out
 
 
-def _plan_shards(layer_bytes: list[int], limit: int) -> list[list[int]]:
+def plan_shards(layer_bytes: list[int], limit: int) -> list[list[int]]:
     """Consecutive entries per shard, each shard at most ``limit`` bytes (or one entry)."""
     shards: list[list[int]] = [[]]
     size = 0

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..models.weight_files import _header
+from ..models.weight_files import stored_tensors_of
 from .spec import ADAPTER_WEIGHTS
 
 PREFIX = "base_model.model."
@@ -31,7 +31,7 @@ class AdapterWeights:
 
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory) / ADAPTER_WEIGHTS
-        self.tensors = _header(self.path)
+        self.tensors = stored_tensors_of(self.path)
 
     def entry(self, layout, keys: list[str]) -> np.ndarray:
         from safetensors import safe_open

@@ -22,7 +22,7 @@ import torch
 from ..checkpoint import load_latest
 from ..config import TrainConfig
 from ..errors import UserError
-from ..export import DTYPE_NAMES, DTYPES, SHARD_BYTES, _plan_shards
+from ..export import DTYPE_NAMES, DTYPES, SHARD_BYTES, plan_shards
 from ..models.pretrained import COPY_RECORD, meta_stack
 from ..models.weight_files import SafetensorsWeights
 from ..run_model import COMPANIONS, export_source, model_copy, same_model
@@ -124,7 +124,7 @@ def _write_merged(tmp: Path, base: Path, source: Path, stack, names, base_prefix
                             "too; export the adapter instead (without --merge)")
     keys = list(frozen)
     sizes = [weights.tensors[k].shape for k in keys]
-    shards = _plan_shards([int(torch.Size(s).numel()) * DTYPES[dtype].itemsize for s in sizes], SHARD_BYTES)
+    shards = plan_shards([int(torch.Size(s).numel()) * DTYPES[dtype].itemsize for s in sizes], SHARD_BYTES)
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
     weight_map, total = {}, 0

@@ -94,7 +94,7 @@ def lora_spec(cfg, model_type: str) -> LoraSpec | None:
     given = {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
              "targets": tuple(sorted(_targets(cfg.lora_targets))) if cfg.lora_targets is not None else None}
     if cfg.lora_init is not None:
-        saved = _adapter_config(cfg.lora_init)
+        saved = adapter_config(cfg.lora_init)
         for key, value in given.items():
             if value is not None and value != saved[key]:
                 raise UserError(f"--lora-{key} {value!r} differs from the {saved[key]!r} of --lora-init {cfg.lora_init}")
@@ -112,7 +112,7 @@ def _targets(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
-def _adapter_config(directory: str) -> dict:
+def adapter_config(directory: str) -> dict:
     """rank, alpha, targets and dropout of a PEFT LoRA adapter directory; one line for anything
     l2l does not train the same way (DoRA, rsLoRA, biases, per-module ranks, extra modules)."""
     path = Path(directory) / ADAPTER_CONFIG

@@ -99,7 +99,7 @@ def _stored_tensors(root: Path) -> dict[str, StoredTensor]:
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             raise UserError(f"{root}: shard {missing[0]}{more}, named in {INDEX}, is missing")
-        headers = {s: _header(root / s) for s in shards}
+        headers = {s: stored_tensors_of(root / s) for s in shards}
         tensors = {}
         for name, shard in weight_map.items():
             if name not in headers[shard]:
@@ -107,7 +107,7 @@ def _stored_tensors(root: Path) -> dict[str, StoredTensor]:
             tensors[name] = headers[shard][name]
         return tensors
     if (root / SINGLE).is_file():
-        return _header(root / SINGLE)
+        return stored_tensors_of(root / SINGLE)
     pickles = sorted(p.name for pattern in PICKLES for p in root.glob(pattern))
     if pickles:
         raise UserError(f"{root}: weights only as pickle ({', '.join(pickles)}), which l2l never loads; "
@@ -115,7 +115,7 @@ def _stored_tensors(root: Path) -> dict[str, StoredTensor]:
     raise UserError(f"{root}: no {SINGLE} or {INDEX}")
 
 
-def _header(path: Path) -> dict[str, StoredTensor]:
+def stored_tensors_of(path: Path) -> dict[str, StoredTensor]:
     try:
         header = safetensors_header(path)
     except (OSError, ValueError) as exc:

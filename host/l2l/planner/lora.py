@@ -45,8 +45,8 @@ def lora_sizes(cfg, params: int, blocks: int) -> LoraSizes | None:
         return None
     rank = cfg.lora_rank
     if rank is None:  # --lora-init DIR: its config's
-        from ..lora.spec import _adapter_config
-        rank = _adapter_config(cfg.lora_init)["rank"]
+        from ..lora.spec import adapter_config
+        rank = adapter_config(cfg.lora_init)["rank"]
     targets = len([t for t in (cfg.lora_targets or "").split(",") if t.strip()]) or DEFAULT_TARGETS
     per_block = targets * 2 * rank * cfg.d_model
     return LoraSizes(blocks * per_block, params * BASE_BYTES[cfg.lora_base_dtype], per_block)
