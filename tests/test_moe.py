@@ -272,3 +272,21 @@ def test_transformers_4_is_refused_for_moe_families(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"qwen3_moe \(mixture of experts\) needs transformers>=5.0, this "
                                         r"environment has 4.51.1"):
         read_config(directory)
+
+
+def test_a_block_left_out_is_left_out_of_the_load_balancing_term(tmp_path):
+    """LayerDrop on an MoE model: a step that leaves a block out is transformers' model without
+    that layer -- its router logits are not in the load-balancing loss either -- on the relay and
+    on the plain engine alike."""
+    directory = _write(tmp_path, "mixtral")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    del hf.model.layers[0]  # the step leaves block 0 out
+    batch = _batch()
+    with torch.no_grad():
+        want = float(_hf_loss(hf, batch))
+    for engine_name in ("l2l", "plain"):
+        engine = _engine(directory, engine=engine_name)
+        try:
+            assert engine.train_step(batch, 0, skip_blocks={0}).loss == pytest.approx(want, abs=1e-5), engine_name
+        finally:
+            engine.close()
