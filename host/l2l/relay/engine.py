@@ -10,6 +10,11 @@ needs, like torch's checkpoint with early stop -- back-propagate the upstream
 gradient through the recorded graph, accumulate the layer's gradient over the
 M micro-batches into one flat buffer, hand it to the EPS -- which updates the
 layer on its worker while the relay goes on -- and free the layer.
+
+A step may run a subset of the blocks (dynamic depth, ``l2l.depth``): the rest
+are neither fetched nor computed nor updated. A LoRA run's layers bind their
+frozen base weights (``LayerStack.frozen``, ``l2l.lora``) beside the EPS's
+adapters, which alone take gradients.
 """
 from __future__ import annotations
 
@@ -266,10 +271,11 @@ class RelayEngine:
         ``"forward"``, ``i`` from 0 to L-2), after the post stage (``"post"``,
         ``i`` = L-1: its gradient handed over, its weights released) and after
         each backward layer's hand-over and release (``"backward"``, ``i`` from
-        L-2 down to 0) -- the running layers only, with ``skip_blocks``. There, everything the relay holds on the device for the
-        step is reachable from the engine -- fetched, prefetched and resident
-        weights and their gradients, and the stash (``engine._store`` during a
-        step) -- and nothing it has released is: ``relay/audit.py`` measures it
+        L-2 down to 0) -- the running layers only, with ``skip_blocks``. There,
+        everything the relay holds on the device for the step is reachable from
+        the engine -- fetched, prefetched and resident weights and their
+        gradients, and the stash (``engine._store`` during a step) -- and
+        nothing it has released is: ``relay/audit.py`` measures it
         and compares it with the ledger. Hooks must only look: a hook that
         computes on the device or changes the engine changes the step.
         """
