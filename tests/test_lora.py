@@ -7,9 +7,11 @@ its B set away from zero so that A's gradients are not zero from the first step.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import peft
 import pytest
@@ -98,7 +100,7 @@ def test_training_equals_peft_with_adamw(base_dir, adapter_dir):
     cfg = _cfg(base_dir, lora_init=str(adapter_dir))
     stack = build_lora_stack(cfg, cfg.seed)
     assert stack.layers[0].layout.numel == 0 and stack.layers[-1].layout.numel == 0  # pre, post: nothing to train
-    assert stack.frozen.store and all(t.dtype == torch.bfloat16 for t in stack.frozen.store.values())
+    assert stack.frozen.store and all(a.dtype == ml_dtypes.bfloat16 for a in stack.frozen.store.values())
     engine = build_engine(cfg, stack, CPU)
     reference = _peft_model(base_dir, adapter_dir)
     trained = [p for p in reference.parameters() if p.requires_grad]
@@ -254,9 +256,49 @@ def test_a_frozen_parameter_without_a_frozen_store_is_refused():
 def test_the_frozen_store_holds_the_base_once_in_its_dtype(base_dir):
     """Every base weight once, in --lora-base-dtype (2 bytes a parameter), nothing of it in the EPS."""
     base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
-    for dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    for dtype, np_dtype in (("bf16", ml_dtypes.bfloat16), ("fp16", np.float16)):
         stack = build_lora_stack(_cfg(base_dir, lora_rank=2, lora_base_dtype=dtype), 0)
-        assert {t.dtype for t in stack.frozen.store.values()} == {torch_dtype}
+        assert {a.dtype for a in stack.frozen.store.values()} == {np.dtype(np_dtype)}
         assert stack.frozen.numel == sum(p.numel() for p in base.parameters())
         assert stack.frozen.nbytes == 2 * stack.frozen.numel
         assert stack.num_params == 2 * (2 * 64 * 2 + 2 * (64 + 32))  # q (64 -> 64) and v (64 -> 32), 2 blocks
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_frozen_base_streams_through_the_cuda_transport(base_dir, adapter_dir, precision):
+    """On CUDA the base goes to the device as the EPS's weights go: from pinned memory on the
+    copy-in stream, a layer ahead (``tests/fake_cuda.py`` runs the CUDA transport's code on the
+    CPU, each copy as late as CUDA allows and its destination poisoned until then; pageable
+    memory is an error there). The same bits as the CPU transport's zero-copy views, no copy of
+    freed memory, no CPU wait on the relay's thread."""
+    from fake_cuda import FakeCuda
+    from transport_mutants import name_streams
+    from l2l.build import hyper_of
+    from l2l.eps import EagerParamServer, NumpyBackend
+    from l2l.relay.engine import RelayEngine
+    from l2l.relay.pinned import PinnedRegistry
+    from l2l.relay.transport import CudaTransport
+
+    cfg = _cfg(base_dir, lora_init=str(adapter_dir), precision=precision)
+
+    def run(fake):
+        transport, alloc = None, {}
+        if fake is not None:
+            transport = CudaTransport(CPU, cuda=fake, pinned=PinnedRegistry())
+            name_streams(transport)
+            alloc = {"host_alloc": transport.host_alloc}
+        eps = EagerParamServer(NumpyBackend(), hyper_of(cfg), copy_dtype=precision, grad_dtype=precision, **alloc)
+        engine = RelayEngine(build_lora_stack(cfg, cfg.seed), eps, CPU, micro_batches=2, precision=precision,
+                             transport=transport)
+        try:
+            with fake if fake is not None else contextlib.nullcontext():
+                losses = [engine.train_step(_batch(step), step).loss for step in range(3)]
+            return losses, engine.master_weights()
+        finally:
+            engine.close()
+
+    fake = FakeCuda()
+    (want, want_w), (got, got_w) = run(None), run(fake)
+    assert fake.errors == [] and fake.pending() == 0 and fake.copies > 0
+    assert got == want
+    assert all(np.array_equal(a, b) for a, b in zip(got_w, want_w))

@@ -152,8 +152,8 @@ class LayerStack:
     # weight decay by parameter groups, as Hugging Face's Trainer makes them (decay_groups.py);
     # False: every parameter decayed, layouts in module order (as before the groups)
     decay_groups: bool = False
-    # where frozen parameters come from (l2l.lora.frozen.FrozenBase: ``tensors(i, device,
-    # dtype)``); None: every parameter is trained
+    # where frozen parameters come from (l2l.lora.frozen.FrozenBase: ``arrays(i)``, the host
+    # arrays the relay sends to the device beside the EPS's); None: every parameter is trained
     frozen: Any = None
 
     def __post_init__(self) -> None:

@@ -119,6 +119,8 @@ class RelayEngine:
         # an entry with nothing to train (a LoRA layer no target matches) is not the EPS's
         self.parts = [[p for p in stack.parts(i) if p[2].numel or stack.frozen is None] for i in range(len(self.layers))]
         self.compute_dtype = TORCH_DTYPES[COPY_DTYPES[precision]]
+        if stack.frozen is not None and self.transport.asynchronous:  # its copies need the transport's memory
+            stack.frozen.rehome(self.transport.host_alloc)
         self.bindings = []
         for i, layer in enumerate(self.layers):  # the model's weights leave it a layer at a time
             for e, _, _ in self.parts[i]:
@@ -145,8 +147,12 @@ class RelayEngine:
             self.ledger.add("weights_prefetch", sum(p.nbytes for p in pending))
 
     def _upload(self, i: int) -> list:
-        """Layer ``i``'s entries, fetched from the EPS (on this worker's route) and sent to the device."""
-        return [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
+        """Layer ``i``'s entries, fetched from the EPS (on this worker's route) and sent to the device,
+        then its frozen weights (a LoRA run's base) from the stack's frozen store."""
+        pending = [self.transport.upload(self.eps.fetch(e, self.contributor)) for e, _, _ in self.parts[i]]
+        if self.stack.frozen is not None:
+            pending += [self.transport.upload(host) for _, host, _ in self.stack.frozen.arrays(i)]
+        return pending
 
     def _fetch(self, i: int) -> _FetchedLayer:
         resident = self._resident.pop(i, None)
@@ -158,7 +164,10 @@ class RelayEngine:
         else:
             pending = self._upload(i)
         parts = [(e, user, layout, p.wait()) for (e, user, layout), p in zip(self.parts[i], pending)]
-        frozen = None if self.stack.frozen is None else self.stack.frozen.tensors(i, self.device, self.compute_dtype)
+        frozen = None
+        if self.stack.frozen is not None:  # cast on the device, in its stream order
+            frozen = {name: p.wait().view(shape).to(self.compute_dtype) for (name, _, shape), p in
+                      zip(self.stack.frozen.arrays(i), pending[len(self.parts[i]):])}
         fetched = _FetchedLayer(self.layers[i], self.bindings[i], parts, frozen)
         self.ledger.add("weights", _fetched_bytes(fetched))
         return fetched
@@ -178,7 +187,8 @@ class RelayEngine:
         in the order it fetches them (declared to the EPS, which may prepare them ahead):
         forward and post, then backward."""
         last = len(self.layers) - 1
-        return self._route([*running, last, *(i for i in reversed(running) if not self._keeps_resident(i, running))])
+        backward = [i for i in reversed(running) if self._has_backward(i) and not self._keeps_resident(i, running)]
+        return self._route([*running, last, *backward])
 
     def running_layers(self, skip_blocks: Collection[int] = ()) -> list[int]:
         """The layers a training step runs before the post stage: the pre stage and every block
@@ -191,6 +201,11 @@ class RelayEngine:
             if self.layers[b + 1].shared:
                 raise ValueError(f"block {b} uses a parameter shared with another layer: it cannot be skipped")
         return [0, *(b + 1 for b in range(blocks) if b not in skip)]
+
+    def _has_backward(self, i: int) -> bool:
+        """Whether the backward runs layer ``i``: all but a pre stage with nothing to train (a LoRA
+        run's embedding), whose input is token ids -- it is neither fetched nor computed then."""
+        return i > 0 or (i == 0 and bool(self.parts[0]))
 
     def _release(self, fetched: _FetchedLayer) -> None:
         self.ledger.sub("weights", _fetched_bytes(fetched))
@@ -360,7 +375,7 @@ class RelayEngine:
 
         # backward: blocks and pre in reverse, recomputed from the stash
         for i in reversed(running):
-            if i == 0 and not self.parts[0]:  # a pre stage with nothing to train: no backward
+            if not self._has_backward(i):  # a pre stage with nothing to train
                 for j in range(len(mbs)):
                     store.pop(("grad", after[0], j))  # the gradient it would take goes nowhere
                 recordings.clear()
@@ -368,7 +383,8 @@ class RelayEngine:
                 self._boundary("backward", 0)
                 continue
             layer = self._fetch(i)
-            self._prefetch(before.get(i, -1))
+            if self._has_backward(before.get(i, -1)):
+                self._prefetch(before[i])
             self._with_grad(i, layer, sinks.pop(i))
             with layer.bound(self._recorder.leaves(layer.params)) as module:
                 for j, (tokens, _) in enumerate(mbs):
