@@ -27,7 +27,7 @@ from .engine import Engine
 from .eps.disk_tier import check_run_id
 from .eps.sharded_server import ShardedParamServer
 from .errors import UserError
-from .hostmem import memory_status, runtime_resident
+from .hostmem import memory_status, return_large_blocks, runtime_resident
 from .lora.build import build_lora_stack
 from .lora.spec import check_model as check_lora_model, enabled as lora_enabled
 from .lr_schedule import lr_at
@@ -136,6 +136,7 @@ def train(cfg: TrainConfig, depth: DepthPolicy | None = None) -> RunSummary:
         raise UserError("a depth policy and --layer-drop both choose the blocks a step runs: give one")
     if lora_enabled(cfg):
         check_lora_model(cfg)  # before any data is read
+        return_large_blocks()  # its large transients are the base's compute copies (hostmem.py)
     machines = distributed.setup()  # None unless launched as one of several ranks
     try:
         return _train(cfg, machines, depth)
