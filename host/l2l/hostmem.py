@@ -12,7 +12,9 @@ command raises the threshold to 1 GiB before it trains, plans or benchmarks
 (the usual advice for PyTorch on CPUs, where jemalloc or tcmalloc do the same
 job), and the trim threshold with it. Freed memory then stays with the process
 for reuse; ``L2L_MALLOC_TUNING=0`` keeps glibc's defaults. Importing ``l2l`` as
-a library changes nothing.
+a library changes nothing. A LoRA run, whose large transients are copies of its
+frozen base, has blocks of 32 MiB and more returned at free again
+(:func:`return_large_blocks`).
 
 :func:`aligned_empty` is how the EPS allocates its host arrays (device copies,
 gradient inboxes): on cache-line boundaries, for vector kernels and streaming
@@ -43,6 +45,7 @@ MMAP_THRESHOLD = 1 << 30
 # raised the trim threshold: without this, memory freed at the top of the heap goes
 # back to the kernel at once and is faulted in again at the next step.
 TRIM_THRESHOLD = 1 << 30
+_tuned = False  # tune_host_allocator took effect in this process (the l2l command's doing)
 
 
 def tune_host_allocator() -> bool:
@@ -53,7 +56,9 @@ def tune_host_allocator() -> bool:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
         return False
-    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    global _tuned
+    _tuned = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    return _tuned
 
 
 LARGE_BLOCK = 32 << 20  # glibc's own ceiling for its adaptive mmap threshold
@@ -66,8 +71,9 @@ def return_large_blocks() -> bool:
     and let the heap's top go back too. With the tuned 1 GiB thresholds these copies churned the
     heap and the resident set grew step by step (0.95B base: 3.0-3.2 bytes a base parameter at
     the peak, 2.8 with this). A LoRA run holds the base, not optimizer state: memory is what it
-    is for. True when it took effect (glibc; ``L2L_MALLOC_TUNING=0`` leaves the defaults alone)."""
-    if os.environ.get("L2L_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    is for. Only after :func:`tune_host_allocator`: a process that did not tune (l2l as a library,
+    ``L2L_MALLOC_TUNING=0``) keeps glibc's own adaptive thresholds. True when it took effect."""
+    if not _tuned:
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -32,8 +32,13 @@ from .spec import ADAPTER_WEIGHTS, LoraSpec
 
 
 def is_lora_run(run_dir: str | Path) -> bool:
-    ck = load_latest(run_dir)
-    return ck is not None and "lora" in ck.meta.get("signature", {}).get("config", {})
+    """Whether the run trained LoRA adapters, by the config it recorded as it started: cheap,
+    where loading its checkpoint would verify every byte of it once more than the export does."""
+    try:
+        recorded = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(recorded, dict) and (recorded.get("lora_rank") is not None or recorded.get("lora_init") is not None)
 
 
 def export_lora(run_dir: str | Path, out: str | Path, dtype: str = "fp32", model: str | None = None,
