@@ -26,8 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHARD_BYTES = 2 << 30
-
 
 def fit(shape: list[str], *extra: str) -> dict:
     r = subprocess.run([sys.executable, "-m", "l2l", "plan", "--fit", *shape, "--json", *extra],
@@ -37,41 +35,33 @@ def fit(shape: list[str], *extra: str) -> dict:
     return json.loads(r.stdout)
 
 
-def write_llama(directory: Path, blocks: int, d_model: int, heads: int, seq_len: int) -> int:
-    """A bf16 Llama of ``blocks`` GPT-sized blocks over bytes, written tensor by tensor; its parameter count."""
+def write_llama(root: Path, blocks: int, d_model: int, heads: int, seq_len: int) -> tuple[Path, int]:
+    """A bf16 Llama of ``blocks`` GPT-sized blocks over bytes in ``root/base``, written shard by shard
+    with l2l's own export writer (``l2l.export.write_model_dir``; its config from ``root/config``),
+    and its parameter count."""
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, LlamaConfig
+    from l2l.export import SHARD_BYTES, plan_shards, write_model_dir
     config = LlamaConfig(vocab_size=256, hidden_size=d_model, intermediate_size=8 * d_model // 3,
                          num_hidden_layers=blocks, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=max(seq_len, 128), tie_word_embeddings=False, torch_dtype="bfloat16")
+                         max_position_embeddings=max(seq_len, 128), tie_word_embeddings=False)
     with torch.device("meta"):
         shapes = {name: p.shape for name, p in AutoModelForCausalLM.from_config(config).named_parameters()}
-    directory.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(directory)
+    config.save_pretrained(root / "config")
+    names = list(shapes)
     gen = torch.Generator().manual_seed(0)
-    weight_map, shard, size, files = {}, {}, 0, []
 
-    def flush() -> None:
-        nonlocal shard, size
-        name = f"part-{len(files) + 1:05d}.safetensors"
-        save_file(shard, str(directory / name), metadata={"format": "pt"})
-        files.append(name)
-        weight_map.update({k: name for k in shard})
-        shard, size = {}, 0
+    def drawn(members: list[int]):
+        for k in members:
+            name = names[k]
+            yield name, torch.ones(shapes[name]) if name.endswith("norm.weight") else \
+                torch.randn(shapes[name], generator=gen) * 0.02
 
-    for name, shape in shapes.items():
-        t = torch.ones(shape, dtype=torch.bfloat16) if name.endswith("norm.weight") else \
-            (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
-        if size and size + t.numel() * 2 > SHARD_BYTES:
-            flush()
-        shard[name] = t
-        size += t.numel() * 2
-    flush()
-    total = sum(s.numel() for s in shapes.values())
-    (directory / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 2 * total}, "weight_map": weight_map}, indent=1))
-    return total
+    base = root / "base"
+    base.mkdir(parents=True, exist_ok=True)
+    shards = plan_shards([2 * shapes[n].numel() for n in names], SHARD_BYTES)
+    write_model_dir(base, root / "config", "bf16", [drawn(m) for m in shards])
+    return base, sum(s.numel() for s in shapes.values())
 
 
 def main() -> None:
@@ -87,8 +77,7 @@ def main() -> None:
              "--batch-size", "1", "--micro-batches", "1"]
     adamw, lora = fit(shape), fit(shape, "--lora-rank", str(args.rank))
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="l2l-lora-fit-"))
-    base = root / "base"
-    params = write_llama(base, lora["layers"], args.d_model, args.heads, args.seq_len)
+    base, params = write_llama(root, lora["layers"], args.d_model, args.heads, args.seq_len)
     run_args = ["--model", str(base), "--lora-rank", str(args.rank), "--seq-len", str(args.seq_len),
                 "--batch-size", "1", "--micro-batches", "1"]
     plan = subprocess.run([sys.executable, "-m", "l2l", "plan", *run_args, "--json", "--no-calibrate",

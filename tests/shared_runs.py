@@ -75,3 +75,17 @@ def same_run(a: Path, b: Path) -> None:
     assert run_losses(a) == run_losses(b)
     want, got = load_latest(a).tensors, load_latest(b).tensors
     assert want.keys() == got.keys() and all(np.array_equal(bits(want[k]), bits(got[k])) for k in want)
+
+
+# ------------------------------------------------------------------ a model directory's weights
+
+def named_master_weights(directory: Path, weights: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """An engine's master weights (one flat vector per EPS entry) by the checkpoint tensor names
+    of the model ``directory``, for comparison with a transformers model's parameters."""
+    from l2l.models.pretrained import checkpoint_keys
+    stack, keys = checkpoint_keys(str(directory))
+    named = {}
+    for e, flat in enumerate(weights):
+        for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
+            named[key] = flat[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
+    return named

@@ -21,6 +21,7 @@ from l2l.data import Batch
 from l2l.models import build_stack
 
 from conftest import CPU, adamw_with_trainer_groups, run_cli
+from shared_runs import named_master_weights
 
 VOCAB, SEQ = 300, 16
 SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -104,16 +105,6 @@ def test_the_loss_equals_transformers_loss_with_its_load_balancing_term(name, tm
             e.close()
 
 
-def _master_by_name(directory: Path, weights) -> dict[str, np.ndarray]:
-    from l2l.models.pretrained import checkpoint_keys
-    stack, keys = checkpoint_keys(str(directory))
-    named = {}
-    for e, flat in enumerate(weights):
-        for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
-            named[key] = flat[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
-    return named
-
-
 @pytest.mark.parametrize("name,steps,engine", [
     ("mixtral", 20, "l2l"), ("qwen2_moe", 20, "l2l"), ("qwen3_moe", 20, "l2l"), ("olmoe", 20, "l2l"),
     ("qwen2_moe-dense-layer", 3, "l2l"), ("mixtral-no-aux", 2, "l2l"), ("qwen2_moe", 2, "plain")])
@@ -138,7 +129,7 @@ def test_fine_tuning_equals_transformers_trained_with_adamw(name, steps, engine,
             loss.backward()
             opt.step()
             assert ours == pytest.approx(float(loss.detach()), abs=1e-5), step
-        ours = _master_by_name(directory, engine.master_weights())
+        ours = named_master_weights(directory, engine.master_weights())
     finally:
         engine.close()
     theirs = {k: p.detach().numpy() for k, p in hf.named_parameters()}

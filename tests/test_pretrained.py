@@ -23,7 +23,7 @@ from l2l.models import build_stack
 from l2l.models.hf_version import dtype_kwarg
 
 from conftest import CPU, adamw_with_trainer_groups, run_cli
-from shared_runs import cli_once
+from shared_runs import cli_once, named_master_weights
 
 
 VOCAB, SEQ = 300, 16
@@ -123,17 +123,6 @@ def test_a_checkpoint_loads_and_its_loss_equals_hugging_faces(name, tmp_path):
         assert got == pytest.approx(want, rel=1e-5), engine_name
 
 
-def _named_master_weights(directory: Path, weights: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """The engine's master weights (one flat vector per EPS entry) by checkpoint tensor name."""
-    from l2l.models.pretrained import checkpoint_keys
-    stack, keys = checkpoint_keys(str(directory))
-    named = {}
-    for e, flat in enumerate(weights):
-        for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
-            named[key] = flat[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
-    return named
-
-
 def _zero_gradient(key: str, weight: np.ndarray) -> np.ndarray:
     """The elements of ``key`` whose gradient is zero in exact arithmetic: without rotary
     positions an attention key bias adds the same ``q . b`` to every logit of a query, which
@@ -172,7 +161,7 @@ def test_fine_tuning_equals_hugging_face_trained_in_memory(name, tmp_path, train
             loss.backward()
             opt.step()
             assert ours == pytest.approx(float(loss.detach()), rel=1e-5), step
-        ours = _named_master_weights(directory, engine.master_weights())
+        ours = named_master_weights(directory, engine.master_weights())
     finally:
         engine.close()
     theirs = {k: p.detach().numpy() for k, p in hf.named_parameters()}  # a tied tensor once, by its first name

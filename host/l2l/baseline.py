@@ -24,6 +24,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .data import Batch
+from .depth import checked_skip
 from .engine import StepResult
 from .eps import OPTIMIZERS, OptimizerHyper
 from .lamb import Lamb
@@ -98,9 +99,7 @@ class PlainEngine:
                    skip_blocks: Collection[int] = ()) -> StepResult:
         """One step; the blocks in ``skip_blocks`` (0-based) are left out of it (dynamic depth):
         their parameters get no gradient, which torch's optimizers skip (no step, no decay)."""
-        blocks = len(self.modules) - 2
-        if not set(skip_blocks) <= set(range(blocks)):
-            raise ValueError(f"blocks to skip {sorted(skip_blocks)} outside 0..{blocks - 1}")
+        skip_blocks = checked_skip(skip_blocks, len(self.modules) - 2)
         self.stack.train(True)
         divisor = global_targets or batch.num_targets
         if self.device.type == "cuda":

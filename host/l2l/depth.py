@@ -52,7 +52,13 @@ def blocks_left_out(policy: DepthPolicy, step: int, blocks: int) -> frozenset[in
         skip = frozenset(int(b) for b in chosen)
     except (TypeError, ValueError):
         raise ValueError(f"a depth policy returns block numbers; at step {step} it returned {chosen!r}") from None
+    return checked_skip(skip, blocks, f"the depth policy at step {step}")
+
+
+def checked_skip(skip: Collection[int], blocks: int, who: str = "a step") -> frozenset[int]:
+    """``skip`` as a set of block numbers, refused unless each is one of the model's ``blocks``
+    (what every engine's ``train_step(skip_blocks=...)`` takes)."""
+    skip = frozenset(skip)
     if not skip <= set(range(blocks)):
-        raise ValueError(f"the depth policy left out blocks {sorted(skip)} at step {step}; the model's "
-                         f"blocks are 0..{blocks - 1}")
+        raise ValueError(f"{who} left out blocks {sorted(skip)}, outside the model: its blocks are 0..{blocks - 1}")
     return skip

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -33,11 +35,7 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
            model: str | None = None) -> Path:
     """Write the run's latest checkpoint to ``out``; returns ``out``. ``model``: the model
     directory the run trained (default: the run's copy of its config and tokenizer)."""
-    if dtype not in DTYPES:
-        raise UserError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out} already exists and is not an empty directory")
+    out = check_target(out, dtype)
     ck = load_latest(run_dir)
     if ck is None:
         raise UserError(f"{run_dir} holds no checkpoint to export")
@@ -52,45 +50,75 @@ def export(run_dir: str | Path, out: str | Path, dtype: str = "fp32", shard_byte
 
     entries = range(stack.num_entries)  # each layer's own tensors, then each tied one (written once)
     shards = plan_shards([stack.entry_numel(e) * DTYPES[dtype].itemsize for e in entries], shard_bytes)
+
+    def tensors_of(entry_ids: list[int]):
+        for e in entry_ids:
+            flat = torch.from_numpy(ck.tensors[f"layer{e}.p"])
+            for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
+                part = flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
+                for piece in stored_pieces(stack.config["model_type"], key, slot.shape):  # experts: one each
+                    yield piece.name, part[piece.index]
+
+    with staged(out) as tmp:
+        write_model_dir(tmp, source, dtype, [tensors_of(ids) for ids in shards])
+    return out
+
+
+def check_target(out: str | Path, dtype: str) -> Path:
+    """The export's ``--dtype`` and ``--out`` checked: a known dtype, a new or empty directory."""
+    if dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists and is not an empty directory")
+    return out
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A temporary directory beside ``out``, renamed to ``out`` when the block completes and
+    removed when it fails: an export is whole or absent."""
     tmp = out.with_name(f".{out.name}.export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        files = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-        if len(shards) == 1:
-            files = ["model.safetensors"]
-        weight_map = {}
-        for file, entry_ids in zip(files, shards):
-            tensors = {}
-            for e in entry_ids:
-                flat = torch.from_numpy(ck.tensors[f"layer{e}.p"])
-                for slot, key in zip(stack.entry_layout(e)[1].slots, keys[e]):
-                    part = flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
-                    for piece in stored_pieces(stack.config["model_type"], key, slot.shape):  # experts: one each
-                        tensors[piece.name] = part[piece.index].to(DTYPES[dtype]).contiguous().clone()
-                        weight_map[piece.name] = file
-            from safetensors.torch import save_file
-            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-            del tensors
-        if len(files) > 1:
-            total = stack.num_params * DTYPES[dtype].itemsize
-            (tmp / "model.safetensors.index.json").write_text(json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
-        config = json.loads((source / "config.json").read_text())
-        config["dtype"] = DTYPE_NAMES[dtype]
-        if "torch_dtype" in config:
-            config["torch_dtype"] = DTYPE_NAMES[dtype]
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in COMPANIONS:
-            if (source / name).is_file():
-                shutil.copy2(source / name, tmp / name)
+        yield tmp
         if out.exists():
             out.rmdir()
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+
+
+def write_model_dir(tmp: Path, source: Path, dtype: str, shards: list) -> None:
+    """A Hugging Face model directory in ``tmp``: each shard's ``(name, tensor)`` pairs (made as
+    the shard is written, one shard in memory at most) in ``dtype``, the index when there are
+    several, ``source``'s config with its dtype set, and its tokenizer and generation files."""
+    from safetensors.torch import save_file
+    files = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    weight_map, total = {}, 0
+    for file, named in zip(files, shards):
+        tensors = {}
+        for name, t in named:
+            out = t.to(DTYPES[dtype]).contiguous()
+            tensors[name] = out.clone() if out.data_ptr() == t.data_ptr() else out  # never a view of the source
+            weight_map[name] = file
+            total += tensors[name].numel() * DTYPES[dtype].itemsize
+        save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+        del tensors
+    if len(files) > 1:
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    config = json.loads((source / "config.json").read_text())
+    config["dtype"] = DTYPE_NAMES[dtype]
+    if "torch_dtype" in config:
+        config["torch_dtype"] = DTYPE_NAMES[dtype]
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in COMPANIONS:
+        if (source / name).is_file():
+            shutil.copy2(source / name, tmp / name)
 
 
 def plan_shards(layer_bytes: list[int], limit: int) -> list[list[int]]:

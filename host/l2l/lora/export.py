@@ -14,7 +14,6 @@ tensors (the run records their index's digest).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -22,10 +21,10 @@ import torch
 from ..checkpoint import load_latest
 from ..config import TrainConfig
 from ..errors import UserError
-from ..export import DTYPE_NAMES, DTYPES, SHARD_BYTES, plan_shards
+from ..export import DTYPES, SHARD_BYTES, check_target, plan_shards, staged, write_model_dir
 from ..models.pretrained import COPY_RECORD, meta_stack
 from ..models.weight_files import SafetensorsWeights
-from ..run_model import COMPANIONS, export_source, model_copy, same_model
+from ..run_model import export_source, model_copy, same_model
 from .adapter_files import peft_key
 from .build import ADAPTER, base_name, inject_adapters
 from .spec import ADAPTER_WEIGHTS, LoraSpec
@@ -43,12 +42,10 @@ def is_lora_run(run_dir: str | Path) -> bool:
 
 def export_lora(run_dir: str | Path, out: str | Path, dtype: str = "fp32", model: str | None = None,
                 merge: bool = False) -> Path:
-    if dtype not in DTYPES:
-        raise UserError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out} already exists and is not an empty directory")
+    out = check_target(out, dtype)
     ck = load_latest(run_dir)
+    if ck is None:
+        raise UserError(f"{run_dir} holds no checkpoint to export")
     cfg = TrainConfig.from_record(ck.meta["config"])
     recorded = ck.meta["signature"]["config"]
     spec = LoraSpec(rank=recorded["lora"]["rank"], alpha=recorded["lora"]["alpha"],
@@ -68,21 +65,12 @@ def export_lora(run_dir: str | Path, out: str | Path, dtype: str = "fp32", model
         flat = torch.from_numpy(ck.tensors[f"layer{e}.p"])
         for name, view in layer.layout.views(flat).items():
             adapters[names[id(params[name])]] = view
-    tmp = out.with_name(f".{out.name}.export-tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with staged(out) as tmp:
         if merge:
             _write_merged(tmp, _base_dir(run_dir, model, recorded.get("tensors")), source, stack, names,
                           base_prefix, adapters, spec, dtype)
         else:
             _write_adapter(tmp, adapters, spec, source, dtype)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -112,7 +100,6 @@ def _base_dir(run_dir, model: str | None, tensors: str | None) -> Path:
 
 def _write_merged(tmp: Path, base: Path, source: Path, stack, names, base_prefix, adapters: dict,
                   spec: LoraSpec, dtype: str) -> None:
-    from safetensors.torch import save_file
     weights = SafetensorsWeights(base)
     frozen = {}  # the base's stored name -> the model's name of the frozen parameter (each once)
     for layer in stack.layers:
@@ -128,13 +115,9 @@ def _write_merged(tmp: Path, base: Path, source: Path, stack, names, base_prefix
             raise UserError(f"--merge: {module}'s weight is tied to another module's, which merging would change "
                             "too; export the adapter instead (without --merge)")
     keys = list(frozen)
-    sizes = [weights.tensors[k].shape for k in keys]
-    shards = plan_shards([int(torch.Size(s).numel()) * DTYPES[dtype].itemsize for s in sizes], SHARD_BYTES)
-    files = ["model.safetensors"] if len(shards) == 1 else \
-        [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    weight_map, total = {}, 0
-    for file, members in zip(files, shards):
-        tensors = {}
+    sizes = [torch.Size(weights.tensors[k].shape).numel() * DTYPES[dtype].itemsize for k in keys]
+
+    def merged_of(members: list[int]):
         for k in members:
             key, model_name = keys[k], frozen[keys[k]]
             w = weights.read(key).float()
@@ -143,19 +126,6 @@ def _write_merged(tmp: Path, base: Path, source: Path, stack, names, base_prefix
                 a = adapters[f"{module}.lora_A.{ADAPTER}.weight"]
                 b = adapters[f"{module}.lora_B.{ADAPTER}.weight"]
                 w += (b @ a) * spec.scaling
-            tensors[key] = w.to(DTYPES[dtype]).contiguous()
-            weight_map[key] = file
-            total += w.numel() * DTYPES[dtype].itemsize
-        save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-        del tensors
-    if len(files) > 1:
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
-    config = json.loads((source / "config.json").read_text())
-    config["dtype"] = DTYPE_NAMES[dtype]
-    if "torch_dtype" in config:
-        config["torch_dtype"] = DTYPE_NAMES[dtype]
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in COMPANIONS:
-        if (source / name).is_file():
-            shutil.copy2(source / name, tmp / name)
+            yield key, w
+
+    write_model_dir(tmp, source, dtype, [merged_of(m) for m in plan_shards(sizes, SHARD_BYTES)])

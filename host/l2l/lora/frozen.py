@@ -17,14 +17,13 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import torch
 
 from ..eps.numerics import COPY_DTYPES
 from ..hostmem import aligned_empty
 from ..models.weight_files import SafetensorsWeights
+from ..relay.transport import as_torch
 
 DTYPES = {"bf16": COPY_DTYPES["bf16"], "fp16": COPY_DTYPES["fp16"]}  # the store's NumPy dtypes
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 HostAlloc = Callable[[int, np.dtype], np.ndarray]
 
@@ -34,7 +33,6 @@ class FrozenBase:
                  alloc: HostAlloc = aligned_empty) -> None:
         """``layers[i]``: layer ``i``'s frozen parameter names -> the stored tensor names (checked)."""
         self.layers = layers
-        self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.store: dict[str, np.ndarray] = {}   # stored name -> its flat array
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -43,7 +41,7 @@ class FrozenBase:
                 if key not in self.store:
                     t = weights.read(key)  # may map the file: copied out at once, converted as it is
                     flat = alloc(t.numel(), self.dtype)
-                    _torch(flat, dtype).copy_(t.reshape(-1))
+                    as_torch(flat).copy_(t.reshape(-1))
                     self.store[key], self.shapes[key] = flat, tuple(t.shape)
                     del t
 
@@ -70,8 +68,3 @@ class FrozenBase:
 
     def __deepcopy__(self, memo):  # a skeleton stack (another worker) shares the one store
         return self
-
-
-def _torch(flat: np.ndarray, dtype: str) -> torch.Tensor:
-    """A torch view of a 2-byte store array (bfloat16 through its bit pattern)."""
-    return torch.from_numpy(flat.view(np.int16)).view(TORCH_DTYPES[dtype])

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..data import Batch
+from ..depth import checked_skip
 from ..engine import StepResult
 from ..eps import EagerParamServer
 from ..eps.numerics import COPY_DTYPES
@@ -194,9 +195,7 @@ class RelayEngine:
         """The layers a training step runs before the post stage: the pre stage and every block
         (0-based block numbers; block ``b`` is layer ``b + 1``) not in ``skip_blocks``."""
         blocks = len(self.layers) - 2
-        skip = set(skip_blocks)
-        if not skip <= set(range(blocks)):
-            raise ValueError(f"blocks to skip {sorted(skip)} outside 0..{blocks - 1}")
+        skip = checked_skip(skip_blocks, blocks)
         for b in skip:
             if self.layers[b + 1].shared:
                 raise ValueError(f"block {b} uses a parameter shared with another layer: it cannot be skipped")
